@@ -1,0 +1,13 @@
+"""aiayn: the Transformer of "Attention Is All You Need", complete, fast and tested, on PyTorch.
+
+Mask convention (everywhere): boolean, True = may attend / real token. See ``aiayn.masks``.
+"""
+
+from aiayn.config import PRESETS, TransformerConfig, count_parameters
+from aiayn.models import CausalLM, MaskedLM, SequenceClassifier, Transformer, TransformerEncoder
+from aiayn.stacks import AttentionMaps
+
+__version__ = "0.1.0"
+
+__all__ = ["PRESETS", "AttentionMaps", "CausalLM", "MaskedLM", "SequenceClassifier", "Transformer",
+           "TransformerConfig", "TransformerEncoder", "count_parameters", "__version__"]

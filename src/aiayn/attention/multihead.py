@@ -1,0 +1,130 @@
+"""Multi-head attention (paper 3.2.2): project, split into heads, attend, concatenate, project.
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+The h per-head projections are one (D, D) matrix each for Q, K and V (or one fused (D, 3D) matrix for
+self-attention, one (D, 2D) for the keys and values of cross-attention). The attention itself is a
+kernel object (aiayn.attention.kernels), so reference / fused / efficient kernels are interchangeable.
+
+Legend: B batch, T query length, S key length, H heads, D model width, Dh head width (D / H).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.attention.cache import DecoderCache
+from aiayn.attention.kernels import AttentionKernel, ReferenceAttention
+
+
+class MultiHeadAttention(nn.Module):
+    """Self- or cross-attention with its input and output projections.
+
+    Args:
+        d_model: model width D.
+        n_heads: number of heads H; must divide D.
+        kernel: the attention kernel (e.g. ``FusedAttention()``).
+        cross: True for encoder-decoder attention (queries from the decoder, keys/values from memory).
+        fused_projections: one matmul for q, k, v (self) or k, v (cross) instead of separate ones.
+        dropout: dropout on the attention weights (training only).
+        bias: biases on the projections.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, kernel: AttentionKernel, *, cross: bool = False,
+                 fused_projections: bool = True, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.cross, self.fused_projections, self.dropout = cross, fused_projections, dropout
+        self.kernel = kernel
+        if fused_projections and not cross:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        else:
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            if fused_projections:
+                self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
+            else:
+                self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+                self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+
+    def _project_query_key_value(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if self.fused_projections:
+            batch, length, _ = x.shape
+            qkv = self.qkv_proj(x).view(batch, length, 3, self.n_heads, self.head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, Dh)
+            return q, k, v
+        return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+
+    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values (B, H, S, Dh) of cross-attention; computed once per source when decoding."""
+        if self.fused_projections:
+            batch, length, _ = memory.shape
+            kv = self.kv_proj(memory).view(batch, length, 2, self.n_heads, self.head_dim)
+            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, H, S, Dh)
+            return k, v
+        return self._heads(self.k_proj(memory)), self._heads(self.v_proj(memory))
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
+                causal: bool = False, cache: DecoderCache | None = None, layer_index: int = 0,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` (B, T, D) to itself, or to ``memory`` (B, S, D) for cross-attention.
+
+        ``mask`` broadcasts to (B, H, T, S), True = may attend; ``causal`` adds a right-aligned causal
+        mask. With a ``cache``, ``x`` holds the T newest positions, starting at ``cache.length``.
+        Returns the output (B, T, D) and, if ``need_weights``, the weights (B, H, T, S) computed by the
+        reference kernel (whatever kernel the layer uses otherwise).
+        """
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"attention input must have shape (B, T, D={self.d_model}), got "
+                             f"{tuple(x.shape)}")
+        if memory is not None and (memory.dim() != 3 or memory.shape[-1] != self.d_model):
+            raise ValueError(f"memory must have shape (B, S, D={self.d_model}), got "
+                             f"{tuple(memory.shape)}")
+        batch, length, _ = x.shape
+        dropout = self.dropout if self.training else 0.0
+        if self.cross:
+            q = self._heads(self.q_proj(x))  # (B, H, T, Dh)
+            if cache is not None and cache.cross[layer_index] is not None:
+                k, v = cache.cross[layer_index]
+            else:
+                if memory is None:
+                    raise ValueError("cross-attention needs the encoder output (memory)")
+                k, v = self.project_memory(memory)  # (B, H, S, Dh)
+                if cache is not None:
+                    cache.cross[layer_index] = (k, v)
+        else:
+            q, k, v = self._project_query_key_value(x)  # (B, H, T, Dh) each
+            if cache is not None:
+                layer_cache = cache.self_attention[layer_index]
+                if not need_weights:
+                    out = self.kernel.decode(q, k, v, layer_cache, cache.length, mask=mask)
+                    return self._merge(out, batch, length), None
+                k, v = layer_cache.write(cache.length, k, v)  # (B, H, S, Dh), S = cached + T
+                causal = True
+        if need_weights:
+            out, weights = ReferenceAttention().with_weights(q, k, v, mask=mask, causal=causal,
+                                                             dropout=dropout)
+        else:
+            out, weights = self.kernel(q, k, v, mask=mask, causal=causal, dropout=dropout), None
+        return self._merge(out, batch, length), weights
+
+    def _merge(self, out: Tensor, batch: int, length: int) -> Tensor:
+        out = out.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, T, D): concat heads
+        return self.out_proj(out)
+
+
+def new_decoder_cache(attentions: list[MultiHeadAttention], batch: int, max_length: int, *,
+                      device: torch.device | str | None = None,
+                      dtype: torch.dtype | None = None) -> DecoderCache:
+    """A cache for the decoder stack whose self-attention modules are ``attentions`` (one per layer)."""
+    layers = [attention.kernel.new_cache(batch, attention.n_heads, max_length, attention.head_dim,
+                                         device=device, dtype=dtype)
+              for attention in attentions]
+    return DecoderCache(layers, max_length)

@@ -1,0 +1,48 @@
+"""The ``aiayn`` command line (also ``python -m aiayn``).
+
+Each subcommand is a module in ``aiayn.commands`` with ``register(subparsers)``; it adds its parser and
+sets ``run`` (a function of the parsed arguments returning an exit code). Heavy imports stay inside
+``run`` so that ``aiayn --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMAND_MODULES = (
+    "aiayn.commands.demo",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from aiayn import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="aiayn", description="The Transformer of 'Attention Is All You Need' on PyTorch.")
+    parser.add_argument("--version", action="version", version=f"aiayn {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "run", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, TypeError) as error:
+        print(f"aiayn {args.command}: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

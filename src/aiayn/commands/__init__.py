@@ -1,0 +1,1 @@
+"""Subcommands of the ``aiayn`` CLI, one module each (see aiayn.cli)."""

@@ -1,0 +1,196 @@
+"""Model configuration: one typed dataclass, validated on construction, plus named presets.
+
+Every architectural choice that differs between the paper, BERT, GPT-2 and Marian/BART is a field here,
+so the model code never branches on "which model is this" and the interop loaders only fill in fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
+PositionKind = Literal["sinusoidal", "learned", "none"]
+SinusoidLayout = Literal["interleaved", "split"]
+Pooling = Literal["first", "mean"]
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+POSITION_KINDS = ("sinusoidal", "learned", "none")
+SINUSOID_LAYOUTS = ("interleaved", "split")
+POOLINGS = ("first", "mean")
+
+
+@dataclass(kw_only=True)
+class TransformerConfig:
+    """Hyper-parameters of every aiayn model family (paper Table 3 names in brackets).
+
+    Fields that a family does not use are ignored by it (an encoder-only model has no decoder layers).
+    """
+
+    # --- sizes -------------------------------------------------------------------------------------
+    vocab_size: int = 37000  # shared source/target vocabulary (paper 5.1: ~37000 BPE tokens)
+    src_vocab_size: int | None = None  # None: same as vocab_size (needed when source is not tied)
+    d_model: int = 512  # [d_model]
+    n_heads: int = 8  # [h]
+    d_ff: int = 2048  # [d_ff]
+    n_encoder_layers: int = 6  # [N]
+    n_decoder_layers: int = 6  # [N]
+    max_length: int = 1024  # size of the position table; longer inputs are an error
+
+    # --- regularisation (paper 5.4) ----------------------------------------------------------------
+    dropout: float = 0.1  # [P_drop]: residual and embedding dropout
+    attention_dropout: float = 0.0  # on the attention weights
+    activation_dropout: float = 0.0  # inside the FFN, after the non-linearity
+
+    # --- block details -----------------------------------------------------------------------------
+    activation: Activation = "relu"  # paper 3.3: ReLU
+    norm_first: bool = False  # False: the paper's post-norm; True: pre-norm (GPT-2)
+    final_norm: bool | None = None  # LayerNorm after the last layer; None: same as norm_first
+    layer_norm_eps: float = 1e-5
+    bias: bool = True  # biases in the attention and FFN projections
+    fused_projections: bool = True  # one (D, 3D) matmul for q, k, v instead of three (D, D)
+    attention: str = "fused"  # attention kernel name, see aiayn.attention.kernels.make_kernel
+
+    # --- embeddings and positions ------------------------------------------------------------------
+    positions: PositionKind = "sinusoidal"  # paper 3.5
+    sinusoid_layout: SinusoidLayout = "interleaved"  # paper: sin on even dims; "split": sin | cos halves
+    position_offset: int = 0  # learned tables indexed from this offset (BART keeps 2 spare rows)
+    scale_embeddings: bool = True  # paper 3.4: multiply embeddings by sqrt(d_model)
+    embedding_norm: bool = False  # LayerNorm after embedding + position (BERT, BART)
+    type_vocab_size: int = 0  # segment embeddings (BERT); 0 = none
+    tie_source_target: bool = True  # paper 3.4: source and target share one embedding matrix
+    tie_output: bool = True  # paper 3.4: the pre-softmax projection shares the target embedding
+    output_bias: bool = False  # a bias on the output logits (BERT MLM, Marian's final_logits_bias)
+    init_std: float | None = None  # None: Xavier matrices, N(0, 1/sqrt(D)) embeddings; else N(0, std)
+
+    # --- heads of the encoder-only family ----------------------------------------------------------
+    num_labels: int = 2
+    pooling: Pooling = "first"  # "first": the first ([CLS]) token; "mean": mean over real tokens
+    pooler: bool = False  # BERT's dense + tanh on the pooled vector before the classifier
+    mlm_transform: bool = True  # BERT's dense + activation + LayerNorm before the MLM projection
+
+    # --- special tokens ----------------------------------------------------------------------------
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    decoder_start_id: int | None = None  # first decoder input; None: bos_id (Marian uses pad_id)
+
+    def __post_init__(self) -> None:
+        if self.src_vocab_size is None:
+            self.src_vocab_size = self.vocab_size
+        if self.final_norm is None:
+            self.final_norm = self.norm_first
+        if self.decoder_start_id is None:
+            self.decoder_start_id = self.bos_id
+        self._validate()
+
+    def _validate(self) -> None:
+        for name in ("vocab_size", "src_vocab_size", "d_model", "n_heads", "d_ff", "max_length",
+                     "num_labels"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("n_encoder_layers", "n_decoder_layers", "type_vocab_size", "position_offset"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+        if self.init_std is not None and not (isinstance(self.init_std, (int, float))
+                                              and self.init_std > 0):
+            raise ValueError(f"init_std must be positive or None, got {self.init_std!r}")
+        if not (isinstance(self.layer_norm_eps, (int, float)) and self.layer_norm_eps > 0):
+            raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        _check_choice("activation", self.activation, ACTIVATIONS)
+        _check_choice("positions", self.positions, POSITION_KINDS)
+        _check_choice("sinusoid_layout", self.sinusoid_layout, SINUSOID_LAYOUTS)
+        _check_choice("pooling", self.pooling, POOLINGS)
+        from aiayn.attention.kernels import KERNELS  # late: kernels import nothing from here
+
+        _check_choice("attention", self.attention, tuple(KERNELS))
+        if self.positions == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        for name in ("pad_id", "bos_id", "eos_id", "decoder_start_id"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name} must be a token id in [0, {self.vocab_size}), got {value!r}")
+        if self.tie_source_target and self.src_vocab_size != self.vocab_size:
+            raise ValueError(
+                f"tie_source_target needs src_vocab_size == vocab_size, got {self.src_vocab_size} "
+                f"and {self.vocab_size}")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, d_k = d_v = d_model / h (paper 3.2.2)."""
+        return self.d_model // self.n_heads
+
+    # --- presets and serialisation -----------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "TransformerConfig":
+        """The named preset (see ``PRESETS``), with any field overridden by keyword."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def replace(self, **changes: Any) -> "TransformerConfig":
+        """A copy with some fields changed, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TransformerConfig":
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config key(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TransformerConfig":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file not found: {path}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path}: not a valid JSON config ({error})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a config must be a JSON object")
+        try:
+            return cls.from_dict(data)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{path}: {error}") from None
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+# Presets are plain data. `base` and `big` are the paper's Table 3 rows; the rest are ours.
+PRESETS: dict[str, dict[str, Any]] = {
+    "base": dict(d_model=512, d_ff=2048, n_heads=8, n_encoder_layers=6, n_decoder_layers=6,
+                 dropout=0.1),
+    "big": dict(d_model=1024, d_ff=4096, n_heads=16, n_encoder_layers=6, n_decoder_layers=6,
+                dropout=0.3),
+    "tiny": dict(vocab_size=100, d_model=32, d_ff=64, n_heads=4, n_encoder_layers=2,
+                 n_decoder_layers=2, max_length=64, dropout=0.0),
+}
+
+
+def count_parameters(module: Any) -> int:
+    """Trainable parameters; a tied matrix counts once, as the paper counts it."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)

@@ -1,0 +1,119 @@
+"""Encoder and decoder layers (paper 3.1) and the residual connection around each sub-layer.
+
+Post-norm (the paper, 3.1 and 5.4):  x = LayerNorm(x + Dropout(Sublayer(x)))
+Pre-norm  (GPT-2, "on layer normalization in the Transformer"):  x = x + Dropout(Sublayer(LayerNorm(x)))
+
+Encoder layer: self-attention, FFN. Decoder layer: masked (causal) self-attention, cross-attention over
+the encoder output (left out for decoder-only models), FFN.
+
+Legend: B batch, T target/query length, S source/memory length, H heads, D model width.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import Tensor, nn
+
+from aiayn.attention.cache import DecoderCache
+from aiayn.attention.multihead import MultiHeadAttention
+from aiayn.config import TransformerConfig
+from aiayn.attention.kernels import make_kernel
+from aiayn.feedforward import FeedForward
+
+
+class Residual(nn.Module):
+    """A sub-layer with its dropout, residual connection and LayerNorm, in either order."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+        self.norm_first = config.norm_first
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+def make_attention(config: TransformerConfig, *, cross: bool) -> MultiHeadAttention:
+    return MultiHeadAttention(config.d_model, config.n_heads, make_kernel(config), cross=cross,
+                              fused_projections=config.fused_projections,
+                              dropout=config.attention_dropout, bias=config.bias)
+
+
+def make_feedforward(config: TransformerConfig) -> FeedForward:
+    return FeedForward(config.d_model, config.d_ff, activation=config.activation,
+                       dropout=config.activation_dropout, bias=config.bias)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then FFN, each wrapped in a Residual."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.self_attention = make_attention(config, cross=False)
+        self.attention_residual = Residual(config)
+        self.feedforward = make_feedforward(config)
+        self.feedforward_residual = Residual(config)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, D), mask broadcastable to (B, H, T, T). Returns (B, T, D) and the weights."""
+        weights = None
+
+        def attend(h: Tensor) -> Tensor:
+            nonlocal weights
+            out, weights = self.self_attention(h, mask=mask, causal=causal,
+                                               need_weights=need_weights)
+            return out
+
+        x = self.attention_residual(x, attend)
+        return self.feedforward_residual(x, self.feedforward), weights
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention (unless decoder-only), FFN; each in a Residual."""
+
+    def __init__(self, config: TransformerConfig, *, cross_attention: bool = True):
+        super().__init__()
+        self.self_attention = make_attention(config, cross=False)
+        self.self_attention_residual = Residual(config)
+        if cross_attention:
+            self.cross_attention = make_attention(config, cross=True)
+            self.cross_attention_residual = Residual(config)
+        else:
+            self.cross_attention = None
+        self.feedforward = make_feedforward(config)
+        self.feedforward_residual = Residual(config)
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, cache: DecoderCache | None = None,
+                layer_index: int = 0, need_weights: bool = False
+                ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x (B, T, D) at positions ``cache.length ..`` when decoding with a cache.
+
+        ``self_mask`` (padding of the keys) broadcasts to (B, H, T, T_keys), the causal part is always
+        added; ``memory_mask`` broadcasts to (B, H, T, S). Returns (B, T, D), self- and cross-weights.
+        """
+        self_weights = cross_weights = None
+
+        def attend_self(h: Tensor) -> Tensor:
+            nonlocal self_weights
+            out, self_weights = self.self_attention(h, mask=self_mask, causal=True, cache=cache,
+                                                    layer_index=layer_index,
+                                                    need_weights=need_weights)
+            return out
+
+        def attend_memory(h: Tensor) -> Tensor:
+            nonlocal cross_weights
+            out, cross_weights = self.cross_attention(h, memory, mask=memory_mask, cache=cache,
+                                                      layer_index=layer_index,
+                                                      need_weights=need_weights)
+            return out
+
+        x = self.self_attention_residual(x, attend_self)
+        if self.cross_attention is not None:
+            x = self.cross_attention_residual(x, attend_memory)
+        return self.feedforward_residual(x, self.feedforward), self_weights, cross_weights

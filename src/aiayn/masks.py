@@ -1,0 +1,97 @@
+"""The one mask convention of aiayn, and the helpers that build masks.
+
+Convention: a mask is a boolean tensor, ``True`` = this query may attend to this key (the same meaning as
+``torch.nn.functional.scaled_dot_product_attention``'s boolean ``attn_mask``). Attention masks broadcast
+to (B, H, T, S); the models build them as
+
+    key padding   (B, 1, 1, S)  from a padding mask (B, S) with True = real token,
+    causal        (T, S)        right-aligned: query i sits at absolute position S - T + i.
+
+Right alignment is what decoding with a cache needs: T new queries follow S - T cached keys. (SDPA's
+``is_causal=True`` is top-left aligned, which is only right when T == S.) A query row with no allowed key
+attends to nothing and yields zeros (never NaN); the kernels guarantee it.
+
+Legend: B batch, T query (target) length, S key (source) length, H heads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def padding_mask_from_lengths(lengths: Tensor, max_length: int | None = None) -> Tensor:
+    """(B,) lengths -> (B, S) with True at the first ``lengths[b]`` positions of row b.
+
+    ``max_length`` fixes S; without it S = max(lengths), which reads the value (a device sync on GPU).
+    """
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must have shape (B,), got {tuple(lengths.shape)}")
+    if max_length is None:
+        max_length = int(lengths.max()) if lengths.numel() else 0
+    positions = torch.arange(max_length, device=lengths.device)  # (S,)
+    return positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, S)
+
+
+def padding_mask_from_ids(ids: Tensor, pad_id: int) -> Tensor:
+    """(B, S) token ids -> (B, S) with True where the token is not padding."""
+    return ids != pad_id
+
+
+def causal_mask(query_length: int, key_length: int | None = None,
+                device: torch.device | str | None = None) -> Tensor:
+    """(T, S) right-aligned causal mask: query i may attend key j iff j <= S - T + i."""
+    key_length = query_length if key_length is None else key_length
+    if query_length > key_length:
+        raise ValueError(f"causal mask needs query_length <= key_length, got {query_length} > "
+                         f"{key_length}")
+    return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril(
+        diagonal=key_length - query_length)
+
+
+def key_padding_to_attention(padding_mask: Tensor) -> Tensor:
+    """(B, S) padding mask -> (B, 1, 1, S) attention mask (every query, every head)."""
+    return padding_mask[:, None, None, :]
+
+
+def attention_mask(padding_mask: Tensor | None = None, *, causal: bool = False,
+                   query_length: int | None = None) -> Tensor | None:
+    """Combine a key padding mask (B, S) and a right-aligned causal mask into one attention mask.
+
+    Returns (B, 1, T, S), (B, 1, 1, S), (T, S) or None when nothing is masked.
+    """
+    if not causal:
+        return None if padding_mask is None else key_padding_to_attention(padding_mask)
+    if query_length is None:
+        if padding_mask is None:
+            raise ValueError("a causal mask needs query_length or a padding mask")
+        query_length = padding_mask.shape[-1]
+    key_length = query_length if padding_mask is None else padding_mask.shape[-1]
+    device = None if padding_mask is None else padding_mask.device
+    causal_part = causal_mask(query_length, key_length, device=device)  # (T, S)
+    if padding_mask is None:
+        return causal_part
+    return key_padding_to_attention(padding_mask) & causal_part  # (B, 1, T, S)
+
+
+def check_attention_mask(mask: Tensor, batch: int, query_length: int, key_length: int) -> None:
+    """Raise ValueError unless ``mask`` is boolean and broadcasts to (batch, H, T, S)."""
+    if mask.dtype != torch.bool:
+        raise ValueError(f"attention masks must be boolean (True = may attend), got {mask.dtype}")
+    if mask.dim() > 4 or mask.dim() < 2:
+        raise ValueError(f"attention mask must have 2 to 4 dims broadcastable to (B, H, T, S), "
+                         f"got shape {tuple(mask.shape)}")
+    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
+    wanted = (batch, None, query_length, key_length)
+    for size, want, name in zip(shape, wanted, "BHTS"):
+        if want is not None and size not in (1, want):
+            raise ValueError(f"attention mask shape {tuple(mask.shape)} does not broadcast to "
+                             f"(B={batch}, H, T={query_length}, S={key_length}): dim {name}")
+
+
+def check_padding_mask(mask: Tensor, batch: int, length: int, name: str = "padding_mask") -> None:
+    """Raise ValueError unless ``mask`` is a boolean (batch, length) tensor."""
+    if mask.dtype != torch.bool:
+        raise ValueError(f"{name} must be boolean (True = real token), got {mask.dtype}")
+    if tuple(mask.shape) != (batch, length):
+        raise ValueError(f"{name} must have shape (B={batch}, S={length}), got {tuple(mask.shape)}")

@@ -1,0 +1,54 @@
+"""Decoder-only causal language model (GPT-style): the paper's decoder without cross-attention.
+
+Legend: B batch, T length, D model width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from aiayn.attention.cache import DecoderCache
+from aiayn.config import TransformerConfig
+from aiayn.models.heads import OutputProjection, initialise
+from aiayn.stacks import AttentionMaps, Decoder
+
+
+class CausalLM(nn.Module):
+    """Next-token logits (B, T, V) for token ids (B, T); layers = ``config.n_decoder_layers``.
+
+    Example:
+        >>> model = CausalLM(TransformerConfig.preset("tiny", norm_first=True))
+        >>> cache = model.new_cache(batch=1, max_length=32)
+        >>> logits = model(prompt, cache=cache)  # then one token at a time with the same cache
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.decoder = Decoder(config, tokens, cross_attention=False)
+        self.lm_head = OutputProjection(config, tokens, tied=config.tie_output)
+        initialise(self, config)
+
+    def new_cache(self, batch: int, max_length: int | None = None, **kwargs) -> DecoderCache:
+        """A static cache for incremental decoding of ``batch`` sequences."""
+        return self.decoder.new_cache(batch, max_length, **kwargs)
+
+    def hidden_states(self, ids: Tensor, *, padding_mask: Tensor | None = None,
+                      positions: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
+        """Final hidden states (B, T, D) before the output projection."""
+        return self.decoder(ids, padding_mask=padding_mask, positions=positions, cache=cache)[0]
+
+    def forward(self, ids: Tensor, *, padding_mask: Tensor | None = None,
+                positions: Tensor | None = None, cache: DecoderCache | None = None,
+                return_attention: bool = False) -> Tensor | tuple[Tensor, AttentionMaps]:
+        """Logits (B, T, V). ``padding_mask``: (B, T), or (B, cache.length + T) with a cache.
+
+        ``positions`` (B, T) overrides the default positions (needed for left-padded prompts).
+        """
+        hidden, weights, _ = self.decoder(ids, padding_mask=padding_mask, positions=positions,
+                                          cache=cache, need_weights=return_attention)
+        logits = self.lm_head(hidden)
+        if return_attention:
+            return logits, AttentionMaps(decoder=weights)
+        return logits

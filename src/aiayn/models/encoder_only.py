@@ -1,0 +1,82 @@
+"""Encoder-only models (BERT-style): bare hidden states, sequence classification, masked LM.
+
+All three are the paper's encoder stack; the heads differ. Layers = ``config.n_encoder_layers``.
+
+Legend: B batch, T length, D model width, V vocabulary, C classes.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from aiayn.config import TransformerConfig
+from aiayn.models.heads import ClassificationHead, MaskedLMHead, initialise, pool
+from aiayn.stacks import AttentionMaps, Encoder
+
+
+class TransformerEncoder(nn.Module):
+    """Token ids (B, T) -> hidden states (B, T, D).
+
+    Example:
+        >>> encoder = TransformerEncoder(TransformerConfig.preset("tiny"))
+        >>> hidden = encoder(ids, padding_mask=ids != 0)  # (B, T, D)
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config, nn.Embedding(config.vocab_size, config.d_model))
+        initialise(self, config)
+
+    @property
+    def token_embedding(self) -> nn.Embedding:
+        return self.encoder.embeddings.tokens
+
+    def forward(self, ids: Tensor, *, padding_mask: Tensor | None = None,
+                token_types: Tensor | None = None, return_attention: bool = False
+                ) -> Tensor | tuple[Tensor, AttentionMaps]:
+        """``padding_mask`` (B, T), True = real token; ``token_types`` (B, T) segment ids."""
+        hidden, weights = self.encoder(ids, padding_mask, token_types=token_types,
+                                       need_weights=return_attention)
+        return (hidden, AttentionMaps(encoder=weights)) if return_attention else hidden
+
+
+class SequenceClassifier(nn.Module):
+    """Class logits (B, C): encoder, pooling (``config.pooling``: first token or mean), head."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = TransformerEncoder(config)
+        self.head = ClassificationHead(config)
+        initialise(self.head, config)
+
+    def forward(self, ids: Tensor, *, padding_mask: Tensor | None = None,
+                token_types: Tensor | None = None, return_attention: bool = False
+                ) -> Tensor | tuple[Tensor, AttentionMaps]:
+        if return_attention:
+            hidden, maps = self.encoder(ids, padding_mask=padding_mask, token_types=token_types,
+                                        return_attention=True)
+            return self.head(pool(hidden, padding_mask, self.config.pooling)), maps
+        hidden = self.encoder(ids, padding_mask=padding_mask, token_types=token_types)
+        return self.head(pool(hidden, padding_mask, self.config.pooling))  # (B, C)
+
+
+class MaskedLM(nn.Module):
+    """Vocabulary logits (B, T, V) at every position, for masked-token prediction (BERT)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = TransformerEncoder(config)
+        self.head = MaskedLMHead(config, self.encoder.token_embedding)
+        initialise(self.head, config)  # the tied matrix is not a module of the head: untouched
+
+    def forward(self, ids: Tensor, *, padding_mask: Tensor | None = None,
+                token_types: Tensor | None = None, return_attention: bool = False
+                ) -> Tensor | tuple[Tensor, AttentionMaps]:
+        if return_attention:
+            hidden, maps = self.encoder(ids, padding_mask=padding_mask, token_types=token_types,
+                                        return_attention=True)
+            return self.head(hidden), maps
+        return self.head(self.encoder(ids, padding_mask=padding_mask, token_types=token_types))

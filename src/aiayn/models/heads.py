@@ -1,0 +1,97 @@
+"""Output heads and weight initialisation shared by the model families.
+
+Legend: B batch, T length, D model width, V vocabulary, C classes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.config import TransformerConfig
+from aiayn.feedforward import activation_function
+
+
+class OutputProjection(nn.Module):
+    """Hidden states (B, T, D) -> logits (B, T, V); "the pre-softmax linear transformation" (3.4).
+
+    With ``tied`` the weight is the given embedding matrix itself (paper 3.4), not a copy.
+    """
+
+    def __init__(self, config: TransformerConfig, embedding: nn.Embedding, *, tied: bool):
+        super().__init__()
+        vocab_size, d_model = embedding.weight.shape
+        if tied:
+            self.weight = embedding.weight
+        else:
+            self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+            nn.init.xavier_uniform_(self.weight)
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if config.output_bias else None
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return nn.functional.linear(hidden, self.weight, self.bias)
+
+
+def pool(hidden: Tensor, padding_mask: Tensor | None, how: str) -> Tensor:
+    """(B, T, D) -> (B, D): the first token, or the mean over real tokens."""
+    if how == "first":
+        return hidden[:, 0]
+    if padding_mask is None:
+        return hidden.mean(dim=1)
+    weights = padding_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+
+class ClassificationHead(nn.Module):
+    """Pooled (B, D) -> class logits (B, C), with BERT's optional dense + tanh "pooler"."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.pooler = nn.Linear(config.d_model, config.d_model) if config.pooler else None
+        self.dropout = nn.Dropout(config.dropout)
+        self.classifier = nn.Linear(config.d_model, config.num_labels)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        if self.pooler is not None:
+            pooled = torch.tanh(self.pooler(pooled))
+        return self.classifier(self.dropout(pooled))
+
+
+class MaskedLMHead(nn.Module):
+    """Hidden states (B, T, D) -> vocabulary logits (B, T, V) for masked-token prediction (BERT)."""
+
+    def __init__(self, config: TransformerConfig, embedding: nn.Embedding):
+        super().__init__()
+        if config.mlm_transform:
+            self.dense = nn.Linear(config.d_model, config.d_model)
+            self.activation = activation_function(config.activation)
+            self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        else:
+            self.dense = None
+        self.projection = OutputProjection(config, embedding, tied=config.tie_output)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        if self.dense is not None:
+            hidden = self.norm(self.activation(self.dense(hidden)))
+        return self.projection(hidden)
+
+
+def initialise(model: nn.Module, config: TransformerConfig) -> None:
+    """Initial weights. The paper gives none; we follow its reference code (tensor2tensor):
+    Xavier-uniform matrices and N(0, D^-1/2) embeddings, which the sqrt(D) scaling brings to unit size.
+    With ``config.init_std`` every matrix and embedding is N(0, init_std) instead (GPT-2, BERT).
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            if config.init_std is None:
+                nn.init.xavier_uniform_(module.weight)
+            else:
+                nn.init.normal_(module.weight, std=config.init_std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            std = config.init_std if config.init_std is not None else config.d_model ** -0.5
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
