@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "aiayn.commands.train",
     "aiayn.commands.evaluate",
     "aiayn.commands.translate",
+    "aiayn.commands.generate",
 )
 
 

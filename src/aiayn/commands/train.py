@@ -79,6 +79,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.98))
     group.add_argument("--adam-eps", type=float, default=1e-9)
     group.add_argument("--weight-decay", type=float, default=0.0)
+    group.add_argument("--decay-matrices-only", action=argparse.BooleanOptionalAction,
+                       default=False, help="weight decay on matrices/embeddings only, not on "
+                       "biases and LayerNorm (GPT-2, nanoGPT)")
     group.add_argument("--schedule", choices=("noam", "warmup_cosine", "constant"), default="noam")
     group.add_argument("--warmup", type=int, default=4000, help="warm-up steps")
     group.add_argument("--lr-factor", type=float, default=1.0,
@@ -132,7 +135,8 @@ def training_config_from_args(args: argparse.Namespace, d_model: int):
     best = None if args.best_metric in (None, "none") else args.best_metric
     return TrainingConfig(
         steps=args.steps, optimizer=args.optimizer, betas=tuple(args.betas), eps=args.adam_eps,
-        weight_decay=args.weight_decay, schedule=schedule, accumulation=args.accumulation,
+        weight_decay=args.weight_decay, decay_matrices_only=args.decay_matrices_only,
+        schedule=schedule, accumulation=args.accumulation,
         clip_norm=args.clip_norm, autocast=args.autocast, eval_every=args.eval_every,
         save_every=args.save_every, log_every=args.log_every, keep_last=args.keep_last,
         average_last=args.average_last, best_metric=best, best_mode=args.best_mode,

@@ -1,2 +1,2 @@
-"""Data for translation: parallel corpus reading and splitting, the joint subword tokenizer, and
-token-count batching."""
+"""Data readers, tokenizers and batching: parallel corpora for translation (``corpus``, ``tokenizer``,
+``batching``), plain text for language modelling (``text``), labelled text for classification."""

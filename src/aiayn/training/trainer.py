@@ -48,6 +48,8 @@ class TrainingConfig:
         steps: optimizer updates to run in total.
         optimizer: "adam" (paper 5.3) or "adamw" (decoupled weight decay).
         betas, eps, weight_decay: optimizer hyper-parameters (paper: 0.9, 0.98, 1e-9, 0).
+        decay_matrices_only: apply weight_decay only to parameters with 2+ dimensions (matrices
+            and embeddings), not to biases and LayerNorm gains (GPT-2 / nanoGPT practice).
         schedule: the learning rate as a function of the step (paper: noam, warmup 4000).
         accumulation: micro-batches per update; the gradient is normalised by their total units.
         clip_norm: clip the global gradient norm to this (None: no clipping).
@@ -69,6 +71,7 @@ class TrainingConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
     weight_decay: float = 0.0
+    decay_matrices_only: bool = False
     schedule: Schedule = field(default_factory=Schedule)
     accumulation: int = 1
     clip_norm: float | None = None
@@ -283,7 +286,12 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
             "assets": assets})
 
     optimizer_class = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-    optimizer = optimizer_class(model.parameters(), lr=config.schedule(1), betas=config.betas,
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups: Any = trainable
+    if config.decay_matrices_only and config.weight_decay:
+        groups = [{"params": [p for p in trainable if p.dim() >= 2]},
+                  {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
+    optimizer = optimizer_class(groups, lr=config.schedule(1), betas=config.betas,
                                 eps=config.eps, weight_decay=config.weight_decay)
     scaler = torch.amp.GradScaler(device.type) if config.autocast == "fp16" else None
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.autocast or "")
