@@ -41,7 +41,25 @@ class TransformerEncoder(nn.Module):
         return (hidden, AttentionMaps(encoder=weights)) if return_attention else hidden
 
 
-class SequenceClassifier(nn.Module):
+class _EncoderWithHead(nn.Module):
+    """An encoder followed by a head; subclasses define ``head_output(hidden, padding_mask)``."""
+
+    encoder: TransformerEncoder
+
+    def head_output(self, hidden: Tensor, padding_mask: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, ids: Tensor, *, padding_mask: Tensor | None = None,
+                token_types: Tensor | None = None, return_attention: bool = False
+                ) -> Tensor | tuple[Tensor, AttentionMaps]:
+        """``padding_mask`` (B, T), True = real token; ``token_types`` (B, T) segment ids."""
+        hidden, weights = self.encoder.encoder(ids, padding_mask, token_types=token_types,
+                                               need_weights=return_attention)
+        out = self.head_output(hidden, padding_mask)
+        return (out, AttentionMaps(encoder=weights)) if return_attention else out
+
+
+class SequenceClassifier(_EncoderWithHead):
     """Class logits (B, C): encoder, pooling (``config.pooling``: first token or mean), head."""
 
     def __init__(self, config: TransformerConfig):
@@ -51,18 +69,11 @@ class SequenceClassifier(nn.Module):
         self.head = ClassificationHead(config)
         initialise(self.head, config)
 
-    def forward(self, ids: Tensor, *, padding_mask: Tensor | None = None,
-                token_types: Tensor | None = None, return_attention: bool = False
-                ) -> Tensor | tuple[Tensor, AttentionMaps]:
-        if return_attention:
-            hidden, maps = self.encoder(ids, padding_mask=padding_mask, token_types=token_types,
-                                        return_attention=True)
-            return self.head(pool(hidden, padding_mask, self.config.pooling)), maps
-        hidden = self.encoder(ids, padding_mask=padding_mask, token_types=token_types)
+    def head_output(self, hidden: Tensor, padding_mask: Tensor | None) -> Tensor:
         return self.head(pool(hidden, padding_mask, self.config.pooling))  # (B, C)
 
 
-class MaskedLM(nn.Module):
+class MaskedLM(_EncoderWithHead):
     """Vocabulary logits (B, T, V) at every position, for masked-token prediction (BERT)."""
 
     def __init__(self, config: TransformerConfig):
@@ -72,11 +83,5 @@ class MaskedLM(nn.Module):
         self.head = MaskedLMHead(config, self.encoder.token_embedding)
         initialise(self.head, config)  # the tied matrix is not a module of the head: untouched
 
-    def forward(self, ids: Tensor, *, padding_mask: Tensor | None = None,
-                token_types: Tensor | None = None, return_attention: bool = False
-                ) -> Tensor | tuple[Tensor, AttentionMaps]:
-        if return_attention:
-            hidden, maps = self.encoder(ids, padding_mask=padding_mask, token_types=token_types,
-                                        return_attention=True)
-            return self.head(hidden), maps
-        return self.head(self.encoder(ids, padding_mask=padding_mask, token_types=token_types))
+    def head_output(self, hidden: Tensor, padding_mask: Tensor | None) -> Tensor:
+        return self.head(hidden)  # (B, T, V)
