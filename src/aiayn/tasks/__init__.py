@@ -1,0 +1,1 @@
+"""Tasks the training engine runs (see ``aiayn.training.Task``): classification, masked LM."""
