@@ -188,6 +188,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                 dropout=0.3),
     "tiny": dict(vocab_size=100, d_model=32, d_ff=64, n_heads=4, n_encoder_layers=2,
                  n_decoder_layers=2, max_length=64, dropout=0.0),
+    # A small pre-norm BERT-style encoder for classification / masked LM from scratch within a few
+    # CPU minutes (aiayn train classification's default; GELU as in BERT).
+    "encoder-small": dict(vocab_size=8000, d_model=128, d_ff=512, n_heads=4, n_encoder_layers=2,
+                          n_decoder_layers=0, max_length=512, dropout=0.1, activation="gelu",
+                          norm_first=True),
 }
 
 
