@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "aiayn.commands.evaluate",
     "aiayn.commands.translate",
     "aiayn.commands.generate",
+    "aiayn.commands.classify",
 )
 
 

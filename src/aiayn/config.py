@@ -211,6 +211,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                      norm_first=True, bias=False, layer_norm_bias=False, positions="learned",
                      scale_embeddings=False, tie_output=True, init_std=0.02,
                      scaled_residual_init=True),
+    # A small pre-norm BERT-style encoder for classification / masked LM from scratch within a few
+    # CPU minutes (aiayn train classification's default; GELU as in BERT).
+    "encoder-small": dict(vocab_size=8000, d_model=128, d_ff=512, n_heads=4, n_encoder_layers=2,
+                          n_decoder_layers=0, max_length=512, dropout=0.1, activation="gelu",
+                          norm_first=True),
 }
 
 

@@ -1,0 +1,70 @@
+"""``aiayn classify RUN_DIR [--text TEXT ...]``: label each text (or each stdin line) with a trained classifier.
+
+Prints ``label<TAB>probability`` per input, in input order; ``--top K`` prints the K best labels
+(``label<TAB>probability`` pairs separated by tabs). Stdin is read line by line and answered in batches,
+or line by line when it is a terminal. An empty line or a line that is not UTF-8 is an error naming
+the line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "classify", help="label texts with a trained classification run",
+        description=__doc__.strip().splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run of 'aiayn train classification'")
+    parser.add_argument("--text", action="append", dest="texts", default=[], metavar="TEXT",
+                        help="a text to classify (repeatable; default: stdin lines)")
+    parser.add_argument("--top", type=int, default=1, help="labels printed per text")
+    parser.add_argument("--batch-size", type=int, default=64, help="stdin lines per batch")
+    parser.add_argument("--device", default="cpu")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiayn.data.text_files import decode_lines
+    from aiayn.tasks.classification import predict_probabilities
+    from aiayn.training.run import load_run
+
+    if args.top < 1 or args.batch_size < 1:
+        raise ValueError("--top and --batch-size must be positive")
+    classifier = load_run(args.run_dir, task="classification")
+    assets = classifier.assets
+    classifier.model.to(args.device)
+    top = min(args.top, len(assets.labels))
+
+    def answer(texts: list[str]) -> None:
+        ids = assets.tokenizer.encode(texts, max_length=assets.max_tokens)
+        probabilities = predict_probabilities(classifier.model, ids, pad_id=assets.tokenizer.pad_id,
+                                              device=args.device)
+        values, indices = probabilities.topk(top, dim=-1)
+        for row_values, row_indices in zip(values.tolist(), indices.tolist()):
+            sys.stdout.write("\t".join(f"{assets.labels.name(i)}\t{p:.4f}"
+                                       for p, i in zip(row_values, row_indices)) + "\n")
+        sys.stdout.flush()
+
+    if args.texts:
+        for number, text in enumerate(args.texts, start=1):
+            if not text.strip():
+                raise ValueError(f"text {number} is empty")
+        answer(list(args.texts))
+        return 0
+    batch_size = 1 if sys.stdin.isatty() else args.batch_size
+    pending: list[str] = []
+    try:
+        for number, line in decode_lines(sys.stdin.buffer, "stdin"):
+            if not line.strip():
+                raise ValueError(f"stdin, line {number}: empty text")
+            pending.append(line)
+            if len(pending) >= batch_size:
+                answer(pending)
+                pending = []
+    finally:  # the lines before a bad one are still answered, in order
+        if pending:
+            answer(pending)
+    return 0

@@ -1,0 +1,167 @@
+"""Text classification from a labelled TSV (text<TAB>label), from scratch or from a pretrained encoder.
+
+``aiayn train classification --data TSV --out RUN_DIR [--init DIR] [--pooling mean|first]`` and,
+through ``aiayn evaluate RUN_DIR --data TSV``, accuracy, macro-F1 and the confusion matrix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+BUNDLED_DATA = Path(__file__).resolve().parents[3] / "data" / "debian_sections_topical.tsv.gz"
+
+# Training defaults for classification (the shared defaults are the paper's translation settings):
+# AdamW with warm-up + cosine decay and clipping, as BERT fine-tuning does; the run keeps the
+# checkpoint with the best validation macro-F1.
+DEFAULTS = dict(preset="encoder-small", steps=240, optimizer="adamw", betas=(0.9, 0.999),
+                adam_eps=1e-8, weight_decay=0.01, schedule="warmup_cosine", warmup=24, lr=2e-3,
+                min_lr=1e-5, clip_norm=1.0, eval_every=80, save_every=80, keep_last=2,
+                best_metric="macro_f1", best_mode="max")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(**DEFAULTS)
+    group = parser.add_argument_group("classification data")
+    group.add_argument("--data", default=None, metavar="TSV",
+                       help="labelled TSV: text<TAB>label rows, optional header (text, label, "
+                            "optional split column), .gz allowed (default: the bundled Debian "
+                            "sections data)")
+    group.add_argument("--valid-fraction", type=float, default=0.1,
+                       help="stratified validation share when the file has no split column")
+    group.add_argument("--test-fraction", type=float, default=0.1,
+                       help="stratified test share (held out; scored by 'aiayn evaluate')")
+    group.add_argument("--split-seed", type=int, default=0, help="seed of the stratified split")
+    group.add_argument("--vocab-size", type=int, default=8000,
+                       help="WordPiece vocabulary trained on the training texts (not with --init)")
+    group.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
+    group.add_argument("--max-tokens", type=int, default=48,
+                       help="ids per text at most, [CLS] and [SEP] included (longer texts are cut)")
+    group.add_argument("--batch-size", type=int, default=32, help="texts per batch")
+    group = parser.add_argument_group("model")
+    group.add_argument("--pooling", choices=("first", "mean"), default="mean",
+                       help="classify the first ([CLS]) hidden state or the mean of all")
+    group.add_argument("--init", default=None, metavar="DIR",
+                       help="start from a pretrained encoder: an aiayn 'mlm' run directory or a "
+                            "Hugging Face BERT directory (its tokenizer comes along; the preset "
+                            "is ignored, --set still applies)")
+    group.add_argument("--label-smoothing", type=float, default=0.0)
+
+
+def resolve_data(path: str | None) -> Path:
+    if path is not None:
+        return Path(path)
+    if BUNDLED_DATA.is_file():
+        return BUNDLED_DATA
+    raise ValueError("--data is required (the bundled data is only in a source checkout)")
+
+
+def load_splits(path: Path, *, valid_fraction: float, test_fraction: float, seed: int):
+    """(rows, {train, valid, test} LabelledTexts, split settings or None when the file has a
+    split column)."""
+    from aiayn.data.labelled_tsv import read_labelled_tsv
+    from aiayn.data.splits import stratified_split
+
+    data = read_labelled_tsv(path)
+    if data.splits is not None:
+        return data, {name: data.split(name) for name in ("train", "valid", "test")}, None
+    parts = stratified_split(data.labels, valid_fraction=valid_fraction,
+                             test_fraction=test_fraction, seed=seed)
+    split = {"valid_fraction": valid_fraction, "test_fraction": test_fraction, "seed": seed}
+    return data, {name: data.subset(list(parts.part(name)))
+                  for name in ("train", "valid", "test")}, split
+
+
+def make_task(args: argparse.Namespace):
+    import torch
+
+    from aiayn.commands.train import parse_overrides
+    from aiayn.data.labels import LabelMap
+    from aiayn.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
+    from aiayn.tasks.classification import ClassificationTask
+    from aiayn.tasks.pretrained import load_pretrained_encoder
+    from aiayn.training.checkpoint import sha256_file
+
+    path = resolve_data(args.data)
+    _, parts, split = load_splits(path, valid_fraction=args.valid_fraction,
+                                  test_fraction=args.test_fraction, seed=args.split_seed)
+    if len(parts["valid"]) == 0:
+        raise ValueError(f"{path}: no validation rows (its split column has no 'valid' rows)")
+    labels = LabelMap.from_labels(parts["train"].labels)
+    pretrained = None
+    out = Path(args.out)
+    if args.init:
+        pretrained = load_pretrained_encoder(args.init)
+        pretrained.config = pretrained.config.replace(**parse_overrides(args.set))
+        tokenizer = pretrained.tokenizer
+    elif (out / TOKENIZER_FILE).is_file() and (out / "checkpoints").is_dir():
+        tokenizer = WordPieceTokenizer.load(out / TOKENIZER_FILE)  # resuming: the same ids
+    else:
+        tokenizer = WordPieceTokenizer.train(parts["train"].texts, vocab_size=args.vocab_size,
+                                             lowercase=not args.cased)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    data_info = {"data": str(path), "data_sha256": sha256_file(path),
+                 "rows": {name: len(rows) for name, rows in parts.items()}}
+    print(f"classification: {path}: {len(parts['train'])} train / {len(parts['valid'])} valid / "
+          f"{len(parts['test'])} test rows, {len(labels)} labels, vocabulary "
+          f"{tokenizer.vocab_size}" + (f", init {pretrained.source}" if pretrained else ""),
+          file=sys.stderr)
+    return ClassificationTask(
+        train=parts["train"], valid=parts["valid"], labels=labels, tokenizer=tokenizer,
+        max_tokens=args.max_tokens, batch_size=args.batch_size, seed=args.seed, device=device,
+        label_smoothing=args.label_smoothing, split=split, pretrained=pretrained,
+        pooling=args.pooling, data_info=data_info)
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """Accuracy and macro-F1 of RUN_DIR on ``--data``; prints the confusion matrix (stderr) and
+    saves it (TSV + JSON) under RUN_DIR/evaluation/."""
+    from aiayn.data.labelled_tsv import read_labelled_tsv
+    from aiayn.tasks.classification import score
+    from aiayn.training.checkpoint import atomic_write_bytes, atomic_write_json
+    from aiayn.training.run import load_run
+
+    if len(args.data) != 1:
+        raise ValueError(f"classification evaluates one TSV file, got {len(args.data)} paths")
+    path = Path(args.data[0])
+    run = load_run(args.run_dir, task="classification")
+    assets = run.assets
+    rows, which = _evaluation_rows(read_labelled_tsv(path), assets.split, args.split)
+    if args.limit:
+        rows = rows.subset(list(range(min(args.limit, len(rows)))))
+    if len(rows) == 0:
+        raise ValueError(f"{path}: no rows in split {args.split!r}")
+    run.model.to(args.device)
+    report, probabilities = score(run.model, assets, rows, device=args.device,
+                                  tokens_per_batch=max(args.max_tokens, assets.max_tokens) * 8)
+    print(report.confusion_table(), file=sys.stderr)
+    directory = Path(args.run_dir) / "evaluation"
+    directory.mkdir(exist_ok=True)
+    stem = f"{path.name.split('.')[0]}.{args.split}"
+    atomic_write_bytes(directory / f"{stem}.confusion.tsv", report.confusion_tsv().encode())
+    atomic_write_json(directory / f"{stem}.json", {"data": str(path), "rows": which,
+                                                   **report.to_dict()})
+    print(f"saved {directory / (stem + '.confusion.tsv')} and {stem}.json", file=sys.stderr)
+    if args.output:
+        lines = [f"{assets.labels.name(int(i))}\t{float(p):.6f}"
+                 for p, i in zip(*probabilities.max(-1))]
+        atomic_write_bytes(args.output, ("\n".join(lines) + "\n").encode("utf-8"))
+    return {"task": "classification", "data": str(path), "split": args.split, "rows": len(rows),
+            "accuracy": report.accuracy, "macro_f1": report.macro_f1}
+
+
+def _evaluation_rows(data, split_settings: dict[str, Any] | None, split: str):
+    """The rows to score: the file's split column, else the run's stratified split of the file
+    (so the training file gives the very test rows held out in training), or all rows."""
+    from aiayn.data.splits import stratified_split
+
+    if split == "all":
+        return data, "all rows"
+    if data.splits is not None:
+        return data.split(split), f"split column = {split}"
+    settings = split_settings or {"valid_fraction": 0.1, "test_fraction": 0.1, "seed": 0}
+    parts = stratified_split(data.labels, valid_fraction=settings["valid_fraction"],
+                             test_fraction=settings["test_fraction"], seed=settings["seed"])
+    return data.subset(list(parts.part(split))), f"stratified {split} split {settings}"

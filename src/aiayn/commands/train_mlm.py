@@ -1,0 +1,96 @@
+"""Masked-LM pretraining (BERT's 15% masking, 80/10/10) of an encoder on plain text.
+
+``aiayn train mlm --data TEXT --out RUN_DIR``: one text per line (a TSV with a ``text`` header column
+also works). The run can then start a classifier: ``aiayn train classification --init RUN_DIR``.
+``aiayn evaluate RUN_DIR --data TEXT`` reports masked-token loss, perplexity and accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULTS = dict(preset="encoder-small", steps=2000, optimizer="adamw", betas=(0.9, 0.999),
+                adam_eps=1e-8, weight_decay=0.01, schedule="warmup_cosine", warmup=100, lr=1e-3,
+                min_lr=1e-5, clip_norm=1.0, eval_every=250, save_every=250, keep_last=2,
+                best_metric="loss", best_mode="min")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(**DEFAULTS)
+    group = parser.add_argument_group("masked-LM data")
+    group.add_argument("--data", required=True, metavar="TEXT",
+                       help="UTF-8 text, one text per line (.gz allowed; a .tsv uses its 'text' "
+                            "column)")
+    group.add_argument("--valid-fraction", type=float, default=0.05,
+                       help="random share of the texts held out for validation")
+    group.add_argument("--vocab-size", type=int, default=8000, help="WordPiece vocabulary size")
+    group.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
+    group.add_argument("--max-tokens", type=int, default=128,
+                       help="ids per text at most, [CLS] and [SEP] included")
+    group.add_argument("--batch-size", type=int, default=32, help="texts per batch")
+    group.add_argument("--mask-probability", type=float, default=0.15,
+                       help="share of tokens chosen as targets (BERT: 0.15)")
+
+
+def make_task(args: argparse.Namespace):
+    import torch
+
+    from aiayn.data.masking import MaskingRule
+    from aiayn.data.text_corpus import read_texts
+    from aiayn.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
+    from aiayn.tasks.masked_lm import MaskedLMTask
+    from aiayn.training.checkpoint import sha256_file
+
+    if not 0.0 < args.valid_fraction < 1.0:
+        raise ValueError(f"--valid-fraction must be in (0, 1), got {args.valid_fraction}")
+    texts = read_texts(args.data)
+    if len(texts) < 2:
+        raise ValueError(f"{args.data}: masked LM needs at least 2 texts (train and valid), got "
+                         f"{len(texts)}")
+    order = list(range(len(texts)))
+    random.Random(args.seed).shuffle(order)
+    n_valid = max(1, round(len(texts) * args.valid_fraction))
+    valid = [texts[i] for i in sorted(order[:n_valid])]
+    train = [texts[i] for i in sorted(order[n_valid:])]
+    out = Path(args.out)
+    if (out / TOKENIZER_FILE).is_file() and (out / "checkpoints").is_dir():
+        tokenizer = WordPieceTokenizer.load(out / TOKENIZER_FILE)  # resuming: the same ids
+    else:
+        tokenizer = WordPieceTokenizer.train(train, vocab_size=args.vocab_size,
+                                             lowercase=not args.cased)
+    print(f"mlm: {args.data}: {len(train)} train / {len(valid)} valid texts, vocabulary "
+          f"{tokenizer.vocab_size}", file=sys.stderr)
+    return MaskedLMTask(
+        train=train, valid=valid, tokenizer=tokenizer, max_tokens=args.max_tokens,
+        batch_size=args.batch_size, seed=args.seed,
+        device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        rule=MaskingRule(probability=args.mask_probability),
+        data_info={"data": str(args.data), "data_sha256": sha256_file(args.data),
+                   "texts": {"train": len(train), "valid": len(valid)}})
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """Masked-token loss, perplexity and accuracy of RUN_DIR on all texts of ``--data`` (one fixed
+    corruption, seed 0)."""
+    import torch
+
+    from aiayn.data.text_corpus import read_texts
+    from aiayn.tasks.masked_lm import MaskedLMTask
+    from aiayn.training.run import load_run
+
+    if len(args.data) != 1:
+        raise ValueError(f"mlm evaluates one text file, got {len(args.data)} paths")
+    run = load_run(args.run_dir, task="mlm")
+    texts = list(read_texts(args.data[0]))
+    if args.limit:
+        texts = texts[:args.limit]
+    run.model.to(args.device)
+    task = MaskedLMTask(train=texts, valid=texts, tokenizer=run.assets.tokenizer,
+                        max_tokens=run.assets.max_tokens, device=args.device)
+    with torch.no_grad():
+        metrics = task.evaluate(run.model)
+    return {"task": "mlm", "data": args.data[0], "texts": len(texts), **metrics}

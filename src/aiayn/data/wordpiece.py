@@ -1,0 +1,142 @@
+"""A BERT-style WordPiece tokenizer for the encoder tasks (classification, masked LM).
+
+Wraps a Hugging Face ``tokenizers.Tokenizer`` (imported lazily): trained on the training texts, or
+read from a pretrained model's directory (``tokenizer.json`` or ``vocab.txt``) so that a fine-tuned
+checkpoint sees the ids it was pretrained with. Sequences are ``[CLS] pieces [SEP]`` (BERT,
+Devlin et al. 2019, section 3), cut to a maximum length; padding is the batcher's job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class WordPieceTokenizer:
+    """Text -> ``[CLS] ... [SEP]`` id lists.
+
+    Attributes:
+        pad_id / unk_id / cls_id / sep_id / mask_id: the special ids.
+        vocab_size: number of ids.
+    """
+
+    def __init__(self, tokenizer: Any, *, source: str = "tokenizer"):
+        self._tokenizer = tokenizer
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        ids = {}
+        for token in SPECIAL_TOKENS:
+            index = tokenizer.token_to_id(token)
+            if index is None:
+                raise ValueError(f"{source}: the vocabulary has no {token} token (a BERT-style "
+                                 f"WordPiece vocabulary needs {', '.join(SPECIAL_TOKENS)})")
+            ids[token] = index
+        self.pad_id, self.unk_id = ids[PAD], ids[UNK]
+        self.cls_id, self.sep_id, self.mask_id = ids[CLS], ids[SEP], ids[MASK]
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        return (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)
+
+    # --- construction ---------------------------------------------------------------------------
+    @classmethod
+    def train(cls, texts: Iterable[str], *, vocab_size: int = 8000, lowercase: bool = True,
+              min_frequency: int = 2) -> "WordPieceTokenizer":
+        """Learn a WordPiece vocabulary (BERT normalisation and pre-tokenisation) from ``texts``.
+
+        Raises:
+            ValueError: ``vocab_size`` too small for the special tokens.
+        """
+        from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+        if vocab_size < len(SPECIAL_TOKENS) + 1:
+            raise ValueError(f"vocab_size must be at least {len(SPECIAL_TOKENS) + 1}, got "
+                             f"{vocab_size}")
+        tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                            special_tokens=list(SPECIAL_TOKENS),
+                                            show_progress=False)
+        tokenizer.train_from_iterator(texts, trainer=trainer)
+        return cls(tokenizer, source="trained tokenizer")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "WordPieceTokenizer":
+        """Read ``tokenizer.json`` written by ``save`` (or by Hugging Face ``tokenizers``).
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: not a tokenizer file, or no BERT special tokens.
+        """
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer file not found: {path}")
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as error:  # tokenizers raises its own Exception type
+            raise ValueError(f"{path}: not a tokenizer file ({error})") from None
+        return cls(tokenizer, source=str(path))
+
+    @classmethod
+    def from_pretrained_dir(cls, directory: str | Path) -> "WordPieceTokenizer":
+        """The tokenizer of a Hugging Face BERT directory: ``tokenizer.json``, else ``vocab.txt``
+        (lower-cased unless ``tokenizer_config.json`` says ``do_lower_case: false``).
+
+        Raises:
+            FileNotFoundError: neither file is there.
+        """
+        directory = Path(directory)
+        if (directory / TOKENIZER_FILE).is_file():
+            return cls.load(directory / TOKENIZER_FILE)
+        vocab = directory / "vocab.txt"
+        if not vocab.is_file():
+            raise FileNotFoundError(f"{directory} has no {TOKENIZER_FILE} or vocab.txt")
+        from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+        lowercase = True
+        config = directory / "tokenizer_config.json"
+        if config.is_file():
+            lowercase = bool(json.loads(config.read_text(encoding="utf-8"))
+                             .get("do_lower_case", True))
+        tokenizer = Tokenizer(models.WordPiece.from_file(str(vocab), unk_token=UNK))
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece()
+        return cls(tokenizer, source=str(vocab))
+
+    def save(self, path: str | Path) -> None:
+        """Write the tokenizer as ``tokenizer.json`` (atomically)."""
+        from aiayn.training.checkpoint import atomic_write_bytes
+
+        atomic_write_bytes(path, self._tokenizer.to_str().encode("utf-8"))
+
+    # --- use ------------------------------------------------------------------------------------
+    def encode(self, texts: Sequence[str], *, max_length: int) -> list[list[int]]:
+        """``[CLS] pieces [SEP]`` ids of each text, the pieces cut so the total is <= max_length.
+
+        Raises:
+            ValueError: ``max_length`` < 3 (no room for one piece).
+        """
+        if max_length < 3:
+            raise ValueError(f"max_length must be at least 3 ([CLS] piece [SEP]), got {max_length}")
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        room = max_length - 2
+        return [[self.cls_id, *encoding.ids[:room], self.sep_id] for encoding in encodings]
+
+    def pieces(self, text: str) -> list[str]:
+        """The word pieces of ``text`` (for inspection)."""
+        return self._tokenizer.encode(text, add_special_tokens=False).tokens
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=True)

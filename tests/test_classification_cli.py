@@ -1,0 +1,170 @@
+"""End to end on tiny data: aiayn train classification / mlm, classify, evaluate, --init."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from aiayn.cli import main
+
+WORDS = {
+    "net": "network socket http server client proxy download packet route",
+    "sound": "audio music player mixer volume sample synth midi speaker",
+    "games": "game player level puzzle arcade board score chess card",
+}
+FAST = ["--preset", "tiny", "--threads", "1", "--no-progress", "--batch-size", "8",
+        "--vocab-size", "80", "--max-tokens", "16", "--eval-every", "20", "--save-every", "20",
+        "--log-every", "10", "--warmup", "5", "--lr", "3e-3"]
+
+
+def texts_of(label: str, n: int, rng: random.Random) -> list[str]:
+    words = WORDS[label].split()
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("data") / "tiny.tsv"
+    rows = [(text, label) for label in WORDS for text in texts_of(label, 30, rng)]
+    rng.shuffle(rows)
+    path.write_text("text\tlabel\n" + "".join(f"{t}\t{l}\n" for t, l in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def run_dir(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "cls"
+    assert main(["train", "classification", "--data", str(data), "--out", str(out),
+                 "--steps", "40", *FAST]) == 0
+    return out
+
+
+def test_train_writes_a_classification_run(run_dir):
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["task"] == "classification"
+    assert info["model_config"]["num_labels"] == 3 and info["model_config"]["pooling"] == "mean"
+    assert json.loads((run_dir / "labels.json").read_text()) == {"labels": ["games", "net", "sound"]}
+    assert info["assets"]["split"] == {"valid_fraction": 0.1, "test_fraction": 0.1, "seed": 0}
+    assert info["assets"]["rows"] == {"train": 72, "valid": 9, "test": 9}
+    for name in ("model.safetensors", "tokenizer.json", "log.jsonl"):
+        assert (run_dir / name).is_file()
+
+
+def test_evaluate_scores_the_held_out_test_split_and_saves_the_confusion_matrix(
+        run_dir, data, capsys):
+    assert main(["evaluate", str(run_dir), "--data", str(data)]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    assert result["rows"] == 9 and result["split"] == "test"
+    assert result["accuracy"] >= 0.75  # trivially separable words; chance is 1/3
+    assert "true\\pred" in captured.err
+    saved = json.loads((run_dir / "evaluation" / "tiny.test.json").read_text())
+    assert sum(map(sum, saved["confusion"])) == 9
+    tsv = (run_dir / "evaluation" / "tiny.test.confusion.tsv").read_text().splitlines()
+    assert tsv[0] == "true\\predicted\tgames\tnet\tsound" and len(tsv) == 4
+
+
+def test_classify_stdin_and_arguments(run_dir):
+    lines = "network proxy server\nmusic mixer audio synth\nchess puzzle game\n"
+    result = subprocess.run([sys.executable, "-m", "aiayn", "classify", str(run_dir)],
+                            input=lines.encode(), capture_output=True, check=True)
+    rows = [line.split("\t") for line in result.stdout.decode().splitlines()]
+    assert [row[0] for row in rows] == ["net", "sound", "games"]
+    assert all(0.0 < float(row[1]) <= 1.0 for row in rows)
+    result = subprocess.run([sys.executable, "-m", "aiayn", "classify", str(run_dir), "--top", "3",
+                             "--text", "http client download"], capture_output=True, check=True)
+    fields = result.stdout.decode().strip().split("\t")
+    assert fields[0] == "net" and len(fields) == 6
+    assert sum(float(p) for p in fields[1::2]) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_classify_rejects_bad_stdin(run_dir):
+    result = subprocess.run([sys.executable, "-m", "aiayn", "classify", str(run_dir)],
+                            input=b"network\n\xff\xfe bad\n", capture_output=True)
+    assert result.returncode == 1
+    assert "stdin, line 2: not UTF-8" in result.stderr.decode()
+    assert result.stdout.decode().startswith("net\t")  # line 1 was answered before the error
+
+
+def test_unknown_label_at_evaluation_names_file_line_and_label(run_dir, tmp_path, capsys):
+    path = tmp_path / "other.tsv"
+    path.write_text("network server\tnet\naudio mixer\tscience\n", encoding="utf-8")
+    assert main(["evaluate", str(run_dir), "--data", str(path), "--split", "all"]) == 1
+    err = capsys.readouterr().err
+    assert "other.tsv, line 2: unknown label 'science'" in err
+
+
+def test_evaluate_and_classify_reject_runs_of_another_task(tmp_path, capsys):
+    (tmp_path / "run.json").write_text(json.dumps(
+        {"task": "mlm", "format_version": 1, "model_config": {}}))
+    assert main(["classify", str(tmp_path), "--text", "x"]) == 1
+    assert "is a run of task 'mlm', not 'classification'" in capsys.readouterr().err
+
+
+def test_bad_training_data_is_a_clear_error(tmp_path, capsys):
+    path = tmp_path / "bad.tsv"
+    path.write_text("one\tx\ntwo\n", encoding="utf-8")
+    assert main(["train", "classification", "--data", str(path), "--out",
+                 str(tmp_path / "run"), *FAST]) == 1
+    assert "bad.tsv, line 2: expected 2 tab-separated fields" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def mlm_run(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "mlm"
+    assert main(["train", "mlm", "--data", str(data), "--out", str(out), "--steps", "20",
+                 "--valid-fraction", "0.2", *FAST]) == 0
+    return out
+
+
+def test_mlm_run_trains_and_evaluates(mlm_run, data, capsys):
+    info = json.loads((mlm_run / "run.json").read_text())
+    assert info["task"] == "mlm" and info["assets"]["masking"]["probability"] == 0.15
+    log = [json.loads(line) for line in (mlm_run / "log.jsonl").read_text().splitlines()]
+    valid = [record for record in log if record.get("split") == "valid"]
+    assert valid and {"loss", "ppl", "accuracy"} <= set(valid[-1])
+    assert valid[-1]["loss"] < 4.4  # below uniform guessing over the 80-piece vocabulary (ln 80)
+    capsys.readouterr()
+    assert main(["evaluate", str(mlm_run), "--data", str(data)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["task"] == "mlm" and result["texts"] == 90 and result["loss"] > 0
+
+
+def test_classifier_starts_from_the_mlm_encoder(mlm_run, data, tmp_path):
+    from aiayn.commands import train_classification
+    from aiayn.commands.train import add_training_arguments
+    from aiayn.config import TransformerConfig
+    from aiayn.training.run import load_run
+
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_training_arguments(parser)
+    train_classification.add_arguments(parser)
+    args = parser.parse_args(["--data", str(data), "--out", str(tmp_path / "c"), "--init",
+                              str(mlm_run), "--pooling", "first", *FAST[:2]])
+    task = train_classification.make_task(args)
+    config = task.model_config(TransformerConfig.preset("base"))  # preset ignored with --init
+    pretrained = load_run(mlm_run)
+    assert config.d_model == pretrained.model_config.d_model == 32
+    assert config.num_labels == 3 and config.pooling == "first"
+    model = task.build_model(config)
+    for name, value in pretrained.model.encoder.state_dict().items():
+        assert torch.equal(model.encoder.state_dict()[name], value), name
+    out = tmp_path / "finetuned"
+    assert main(["train", "classification", "--data", str(data), "--out", str(out), "--init",
+                 str(mlm_run), "--steps", "10", *FAST]) == 0
+    assert json.loads((out / "run.json").read_text())["assets"]["init"].startswith("aiayn mlm run")
+
+
+def test_init_errors(data, tmp_path, capsys):
+    common = ["train", "classification", "--data", str(data), "--out", str(tmp_path / "r"), *FAST]
+    assert main([*common, "--init", str(tmp_path / "missing")]) == 1
+    assert "--init: not found" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main([*common, "--init", str(tmp_path / "empty")]) == 1
+    assert "neither an aiayn run directory" in capsys.readouterr().err
