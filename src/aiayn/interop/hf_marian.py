@@ -25,6 +25,7 @@ Legend: D model width, F feed-forward width, V target vocabulary, Vs source voca
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -129,23 +130,31 @@ def _stack(config: TransformerConfig, side: str, prefix: str) -> list[Rule]:
     return rules
 
 
-def name_map(config: TransformerConfig, prefix: str, *, has_head: bool) -> NameMap:
-    """How a Marian/BART checkpoint (keys under ``prefix``: "model." or "") fills a ``Transformer``."""
+def name_map(config: TransformerConfig, prefix: str, *, has_head: bool,
+             untied_layout: bool) -> NameMap:
+    """How a Marian/BART checkpoint (keys under ``prefix``: "model." or "") fills a ``Transformer``.
+
+    ``untied_layout``: transformers >= 5 with ``tie_word_embeddings=false`` unties every embedding
+    (encoder, decoder, lm_head each its own key; ``shared`` is then unused by HF's forward).
+    """
     rules = _stack(config, "encoder", prefix) + _stack(config, "decoder", prefix)
-    target_tokens = f"{prefix}decoder.embed_tokens.weight"
+    encoder_tokens, target_tokens = (f"{prefix}encoder.embed_tokens.weight",
+                                     f"{prefix}decoder.embed_tokens.weight")
+    shared = f"{prefix}shared.weight"
     ties: list[tuple[str, ...]] = []
-    if config.tie_source_target:
-        target_tokens = f"{prefix}shared.weight"
-        ties.append((target_tokens, f"{prefix}encoder.embed_tokens.weight",
-                     f"{prefix}decoder.embed_tokens.weight"))
-        rules.append(Rule("encoder.embeddings.tokens.weight", (target_tokens,)))
-    else:
-        rules += [Rule("encoder.embeddings.tokens.weight", (f"{prefix}encoder.embed_tokens.weight",)),
-                  Rule("decoder.embeddings.tokens.weight", (target_tokens,))]
+    dropped: list[str] = []
+    if untied_layout:
+        dropped.append(re.escape(shared))
+    elif config.tie_source_target:
+        ties.append((shared, encoder_tokens, target_tokens))
+        encoder_tokens = target_tokens = shared
+    rules.append(Rule("encoder.embeddings.tokens.weight", (encoder_tokens,)))
+    if not config.tie_source_target or untied_layout:
+        rules.append(Rule("decoder.embeddings.tokens.weight", (target_tokens,)))
     new = []
     if config.tie_output:
         ties = [group + ("lm_head.weight",) if group[0] == target_tokens else group for group in ties]
-        if not config.tie_source_target:
+        if not ties:
             ties.append((target_tokens, "lm_head.weight"))
     elif has_head:
         rules.append(Rule("generator.weight", ("lm_head.weight",)))
@@ -161,17 +170,22 @@ def name_map(config: TransformerConfig, prefix: str, *, has_head: bool) -> NameM
         table = sinusoidal_table(config.max_length, config.d_model, config.sinusoid_layout)
         constants = {f"{prefix}{side}.embed_positions.weight": table
                      for side in ("encoder", "decoder")}
-    return NameMap(rules, ties=ties, constants=constants, new=new)
+    return NameMap(rules, ties=ties, constants=constants, new=new, dropped=dropped)
 
 
 def plan(checkpoint: Checkpoint, architecture: str, task: str | None,
          overrides: dict[str, Any]) -> tuple[nn.Module, NameMap]:
     if task not in (None, "seq2seq"):
         raise ValueError(f"a Marian/BART checkpoint loads as 'seq2seq', not task={task!r}")
-    config = config_from_hf(checkpoint.config, checkpoint, overrides)
     prefix = "model." if any(k.startswith("model.") for k in checkpoint.tensors) else ""
     has_head = "final_logits_bias" in checkpoint.tensors or "lm_head.weight" in checkpoint.tensors
-    return Transformer(config), name_map(config, prefix, has_head=has_head)
+    untied_layout = (not checkpoint.config.get("tie_word_embeddings", True)
+                     and f"{prefix}encoder.embed_tokens.weight" in checkpoint.tensors)
+    if untied_layout:  # separate encoder and decoder matrices, even with one vocabulary
+        overrides = {"tie_source_target": False, **overrides}
+    config = config_from_hf(checkpoint.config, checkpoint, overrides)
+    return Transformer(config), name_map(config, prefix, has_head=has_head,
+                                         untied_layout=untied_layout)
 
 
 # --- export --------------------------------------------------------------------------------------
@@ -218,11 +232,16 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
                   share_encoder_decoder_embeddings=config.tie_source_target, bos_token_id=None)
     else:
         hf.update(architectures=["BartForConditionalGeneration"], bos_token_id=config.bos_id)
-    return hf, name_map(config, "model.", has_head=True)
+    return hf, name_map(config, "model.", has_head=True, untied_layout=not config.tie_output)
 
 
 def extra_tensors(model: nn.Module) -> dict[str, Tensor]:
-    """``final_logits_bias`` of zeros when the aiayn model has no output bias (HF always has one)."""
-    if model.config.output_bias:
-        return {}
-    return {"final_logits_bias": torch.zeros(1, model.config.vocab_size)}
+    """What HF expects beyond the mapped parameters: ``final_logits_bias`` of zeros when the aiayn
+    model has no output bias, and ``shared`` (unused by HF's forward) in the untied layout."""
+    config: TransformerConfig = model.config
+    extra = {}
+    if not config.output_bias:
+        extra["final_logits_bias"] = torch.zeros(1, config.vocab_size)
+    if not config.tie_output and config.tie_source_target:
+        extra["model.shared.weight"] = model.encoder.embeddings.tokens.weight.detach().clone()
+    return extra
