@@ -133,3 +133,60 @@ def test_loading_never_imports_transformers(bert_dir):
     code = (f"import sys, aiayn; aiayn.from_pretrained({str(bert_dir)!r}); "
             f"assert 'transformers' not in sys.modules, 'transformers was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bad_overrides_and_config_values_name_the_source(bert_dir):
+    with pytest.raises(ValueError, match="unknown TransformerConfig field.*: d_modle"):
+        aiayn.from_pretrained(bert_dir, d_modle=3)
+    with pytest.raises(ValueError, match="task must be one of"):
+        aiayn.from_pretrained(bert_dir, task="translation")
+    config_path = bert_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "num_attention_heads": 5}))  # 24 % 5 != 0
+    with pytest.raises(ValueError, match=r"config\.json: d_model \(24\) must be divisible by "
+                                         r"n_heads \(5\)"):
+        aiayn.from_pretrained(bert_dir)
+
+
+def test_sharded_checkpoint_and_dtype(bert_dir):
+    """model.safetensors.index.json with two shards loads; a missing shard is named."""
+    tensors = load_file(bert_dir / "model.safetensors")
+    (bert_dir / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, keys in shards.items():
+        save_file({key: tensors[key] for key in keys}, bert_dir / shard, metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {key: shard for shard, keys in shards.items()
+                                            for key in keys}}
+    (bert_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+    model = aiayn.from_pretrained(bert_dir, dtype=torch.bfloat16)
+    assert model.encoder.embeddings.tokens.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(model.encoder.layers[1].feedforward.linear2.weight.float(),
+                               tensors["encoder.layer.1.output.dense.weight"].bfloat16().float())
+    (bert_dir / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"model-00002-of-00002\.safetensors: missing "
+                                                r"\(listed in .*model\.safetensors\.index\.json\)"):
+        aiayn.from_pretrained(bert_dir)
+
+
+def test_legacy_layouts_are_accepted(tmp_path):
+    """Older transformers saved every tied alias and some buffers: equal aliases and the known
+    buffers (GPT-2's attn.bias / attn.masked_bias) load; nothing else is skipped."""
+    config = TransformerConfig(vocab_size=40, d_model=24, n_heads=3, d_ff=30, n_encoder_layers=0,
+                               n_decoder_layers=2, max_length=16, norm_first=True,
+                               positions="learned", scale_embeddings=False)
+    model = CausalLM(config)
+    aiayn.save_pretrained(model, tmp_path)
+
+    def add_legacy(t):
+        t["lm_head.weight"] = t["transformer.wte.weight"].clone()
+        for i in range(2):
+            t[f"transformer.h.{i}.attn.bias"] = torch.ones(1, 1, 16, 16).tril()
+            t[f"transformer.h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+
+    _edit_weights(tmp_path, add_legacy)
+    loaded = aiayn.from_pretrained(tmp_path)
+    ids = torch.randint(0, 40, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), model.eval()(ids), atol=0, rtol=0)

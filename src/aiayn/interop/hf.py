@@ -15,12 +15,14 @@ not need ``transformers``. Saving writes files that ``transformers`` loads.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from aiayn.config import TransformerConfig
 from aiayn.interop import hf_bert, hf_gpt2, hf_marian
 from aiayn.interop.hf_common import (CONFIG_FILE, export_state, load_state, read_checkpoint,
                                      read_config, write_checkpoint)
@@ -76,6 +78,9 @@ def from_pretrained(path: str | Path, *, task: str | None = None,
     architecture = _architecture(config, family, directory)
     if task is not None and task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(TransformerConfig)})
+    if unknown:
+        raise ValueError(f"unknown TransformerConfig field(s) in overrides: {', '.join(unknown)}")
     checkpoint = read_checkpoint(directory)
     model, name_map = family.plan(checkpoint, architecture, task, overrides)
     load_state(model, checkpoint, name_map)

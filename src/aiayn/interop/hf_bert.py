@@ -20,7 +20,7 @@ from torch import nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, Checkpoint, NameMap, Rule,
-                                     activation_from_hf, require)
+                                     activation_from_hf, build_config, require)
 from aiayn.models import MaskedLM, SequenceClassifier, TransformerEncoder
 
 MODEL_TYPES = ("bert",)
@@ -63,7 +63,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint, task: str,
         if isinstance(value, int) and 0 <= value < vocab_size:
             fields[name] = value
     fields.update(overrides)
-    return TransformerConfig(**fields)
+    return build_config(fields, source)
 
 
 def _prefix(checkpoint: Checkpoint) -> str:

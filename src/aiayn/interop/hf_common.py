@@ -352,6 +352,16 @@ def require(config: dict[str, Any], key: str, source: Path, kind: type | tuple =
     return value
 
 
+def build_config(fields: dict[str, Any], source: Path):
+    """``TransformerConfig(**fields)``, its errors prefixed with the config.json they came from."""
+    from aiayn.config import TransformerConfig
+
+    try:
+        return TransformerConfig(**fields)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{source / CONFIG_FILE}: {error}") from None
+
+
 # HF activation names -> aiayn's config.activation. gelu_new / gelu_pytorch_tanh / gelu_fast are the
 # tanh approximation (equal to within float rounding); "swish" is SiLU.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",

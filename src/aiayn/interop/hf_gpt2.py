@@ -18,7 +18,7 @@ from torch import nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, Checkpoint, NameMap, Rule,
-                                     activation_from_hf, require)
+                                     activation_from_hf, build_config, require)
 from aiayn.models import CausalLM
 
 MODEL_TYPES = ("gpt2",)
@@ -55,7 +55,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         init_std=hf.get("initializer_range", 0.02), pad_id=pad, bos_id=bos, eos_id=eos,
         decoder_start_id=bos)
     fields.update(overrides)
-    config = TransformerConfig(**fields)
+    config = build_config(fields, source)
     if not config.fused_projections:
         raise ValueError("GPT-2 loads into fused projections only (its c_attn is one matrix); "
                          "drop fused_projections=False")

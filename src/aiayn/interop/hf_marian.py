@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, Checkpoint, NameMap, Rule,
-                                     activation_from_hf, require)
+                                     activation_from_hf, build_config, require)
 from aiayn.models import Transformer
 from aiayn.positions import sinusoidal_table
 
@@ -86,7 +86,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         init_std=hf.get("init_std", 0.02), pad_id=pad, bos_id=bos, eos_id=eos,
         decoder_start_id=start)
     fields.update(overrides)
-    return TransformerConfig(**fields)
+    return build_config(fields, source)
 
 
 def _attention(ours: str, hf: str, *, cross: bool, fused: bool, n: int) -> list[Rule]:
