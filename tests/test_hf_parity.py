@@ -277,3 +277,26 @@ def test_save_refuses_a_config_hf_cannot_express(tmp_path):
     with pytest.raises(ValueError, match="sinusoid_layout"):
         aiayn.save_pretrained(paper, tmp_path)
     assert not (tmp_path / "config.json").exists()
+
+
+@pytest.mark.parametrize("build", [
+    lambda: transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=57, max_position_embeddings=40, **BERT_CONFIGS["d45-h5-l1"])),
+    lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=61, n_positions=80, bos_token_id=60, eos_token_id=60, **GPT2_CONFIGS["d30-h5-l3"])),
+    lambda: _seq2seq_case("marian", "d42-h3-e2d3-swish-scaled")[0],
+    lambda: _seq2seq_case("bart", "d42-h3-e2d3")[0]], ids=["bert-mlm", "gpt2", "marian", "bart"])
+def test_from_transformers_in_memory(build):
+    hf = build().eval()
+    randomise(hf)
+    ours = aiayn.from_transformers(hf)
+    ids, mask = padded_ids(44, LENGTHS, pad=hf.config.pad_token_id or 0)
+    with torch.no_grad():
+        if isinstance(ours, Transformer):
+            out = ours(ids, ids, src_padding_mask=mask, tgt_padding_mask=mask)
+            expected = hf(input_ids=ids, attention_mask=mask.long(), decoder_input_ids=ids,
+                          decoder_attention_mask=mask.long()).logits
+        else:
+            out, expected = ours(ids, padding_mask=mask), hf(input_ids=ids,
+                                                             attention_mask=mask.long()).logits
+    assert max_diff_where(out, expected, mask) <= TOLERANCE

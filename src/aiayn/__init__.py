@@ -7,10 +7,10 @@ from aiayn.config import PRESETS, TransformerConfig, count_parameters
 from aiayn.models import CausalLM, MaskedLM, SequenceClassifier, Transformer, TransformerEncoder
 from aiayn.stacks import AttentionMaps
 # Hugging Face interop reads files directly; transformers is never imported by these two.
-from aiayn.interop.hf import from_pretrained, save_pretrained
+from aiayn.interop.hf import from_pretrained, from_transformers, save_pretrained
 
 __version__ = "0.1.0"
 
 __all__ = ["PRESETS", "AttentionMaps", "CausalLM", "MaskedLM", "SequenceClassifier", "Transformer",
-           "TransformerConfig", "TransformerEncoder", "count_parameters", "from_pretrained",
+           "TransformerConfig", "TransformerEncoder", "count_parameters", "from_pretrained", "from_transformers",
            "save_pretrained", "__version__"]

@@ -24,7 +24,7 @@ from torch import nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop import hf_bert, hf_gpt2, hf_marian
-from aiayn.interop.hf_common import (CONFIG_FILE, export_state, load_state, read_checkpoint,
+from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, export_state, load_state, read_checkpoint,
                                      read_config, write_checkpoint)
 
 FAMILIES = (hf_bert, hf_gpt2, hf_marian)
@@ -87,6 +87,29 @@ def from_pretrained(path: str | Path, *, task: str | None = None,
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()
+
+
+def from_transformers(hf_model: nn.Module, *, task: str | None = None,
+                      **overrides: Any) -> nn.Module:
+    """An aiayn model with the weights of an in-memory ``transformers`` model (no files written).
+
+    Same families, name maps and checks as ``from_pretrained``; handy for side-by-side benchmarks.
+
+    Raises:
+        ValueError: as ``from_pretrained`` (unsupported family, missing/unexpected keys, shapes).
+    """
+    config = hf_model.config.to_dict()
+    config["architectures"] = [type(hf_model).__name__]
+    source = Path(f"<in-memory {type(hf_model).__name__}>")
+    family = _family(config, source)
+    architecture = _architecture(config, family, source)
+    if task is not None and task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    tensors = {name: tensor.detach() for name, tensor in hf_model.state_dict().items()}
+    checkpoint = Checkpoint(source, config, tensors, {})
+    model, name_map = family.plan(checkpoint, architecture, task, overrides)
+    load_state(model, checkpoint, name_map)
+    return model.to(next(hf_model.parameters()).dtype).eval()
 
 
 def save_pretrained(model: nn.Module, path: str | Path) -> Path:

@@ -177,6 +177,9 @@ def _check_exportable(config: TransformerConfig, model: nn.Module) -> None:
         if getattr(config, name) != value:
             raise ValueError(f"cannot export as BERT: BERT needs {name}={value!r}, the model has "
                              f"{name}={getattr(config, name)!r}")
+    if not config.type_vocab_size:
+        raise ValueError("cannot export as BERT: BERT needs token-type embeddings "
+                         "(type_vocab_size > 0), the model has type_vocab_size=0")
 
 
 def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
@@ -201,8 +204,5 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
               tie_word_embeddings=config.tie_output, initializer_range=config.init_std or 0.02,
               id2label={str(i): f"LABEL_{i}" for i in range(config.num_labels)},
               label2id={f"LABEL_{i}": i for i in range(config.num_labels)})
-    if not config.type_vocab_size:
-        raise ValueError("cannot export as BERT: BERT needs token-type embeddings "
-                         "(type_vocab_size > 0), the model has type_vocab_size=0")
     return hf, name_map(config, task, prefix, has_pooler=task == "classification",
                         source_task=task)
