@@ -16,11 +16,13 @@ Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 PositionKind = Literal["sinusoidal", "learned", "none"]
 SinusoidLayout = Literal["interleaved", "split"]
 Pooling = Literal["first", "mean"]
+SparsePattern = Literal["local", "strided", "local+strided"]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 POSITION_KINDS = ("sinusoidal", "learned", "none")
 SINUSOID_LAYOUTS = ("interleaved", "split")
 POOLINGS = ("first", "mean")
+SPARSE_PATTERNS = ("local", "strided", "local+strided")
 
 
 @dataclass(kw_only=True)
@@ -54,6 +56,11 @@ class TransformerConfig:
     bias: bool = True  # biases in the attention and FFN projections
     fused_projections: bool = True  # one (D, 3D) matmul for q, k, v instead of three (D, D)
     attention: str = "fused"  # attention kernel name, see aiayn.attention.kernels.make_kernel
+    # options of the efficient kernels (docs/efficient-attention.md); other kernels ignore them
+    attention_window: int = 128  # sparse: local window (Child et al. 2019)
+    attention_stride: int = 128  # sparse: stride of the strided pattern
+    attention_pattern: SparsePattern = "local+strided"  # sparse: 'local', 'strided', 'local+strided'
+    attention_chunk_size: int = 256  # chunked: query/key tile; linear: causal chunk
 
     # --- embeddings and positions ------------------------------------------------------------------
     positions: PositionKind = "sinusoidal"  # paper 3.5
@@ -91,7 +98,7 @@ class TransformerConfig:
 
     def _validate(self) -> None:
         for name in ("vocab_size", "src_vocab_size", "d_model", "n_heads", "d_ff", "max_length",
-                     "num_labels"):
+                     "num_labels", "attention_window", "attention_stride", "attention_chunk_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -118,6 +125,10 @@ class TransformerConfig:
         from aiayn.attention.kernels import KERNELS  # late: kernels import nothing from here
 
         _check_choice("attention", self.attention, tuple(KERNELS))
+        _check_choice("attention_pattern", self.attention_pattern, SPARSE_PATTERNS)
+        if self.attention in ("linear", "chunked") and self.attention_dropout > 0:
+            raise ValueError(f"attention_dropout must be 0 with attention={self.attention!r} (it never "
+                             f"forms the attention weights), got {self.attention_dropout!r}")
         if self.positions == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
         for name in ("pad_id", "bos_id", "eos_id", "decoder_start_id"):

@@ -39,7 +39,8 @@ class Residual(nn.Module):
 
 
 def make_attention(config: TransformerConfig, *, cross: bool) -> MultiHeadAttention:
-    return MultiHeadAttention(config.d_model, config.n_heads, make_kernel(config), cross=cross,
+    return MultiHeadAttention(config.d_model, config.n_heads, make_kernel(config, cross=cross),
+                              cross=cross,
                               fused_projections=config.fused_projections,
                               dropout=config.attention_dropout, bias=config.bias)
 

@@ -107,19 +107,52 @@ class KernelSpec:
 
     build: Callable[["TransformerConfig"], AttentionKernel]
     description: str
+    # Cross-attention kernel when it must differ (a positional sparsity pattern means nothing between
+    # two sequences); None: ``build``.
+    build_cross: Callable[["TransformerConfig"], AttentionKernel] | None = None
+
+
+def _chunked(config: "TransformerConfig") -> AttentionKernel:
+    from aiayn.attention.chunked import ChunkedAttention  # late: it imports this module
+
+    return ChunkedAttention(config.attention_chunk_size)
+
+
+def _linear(config: "TransformerConfig") -> AttentionKernel:
+    from aiayn.attention.linear import LinearAttention
+
+    return LinearAttention(config.attention_chunk_size)
+
+
+def _exact_cross(config: "TransformerConfig") -> AttentionKernel:
+    """Cross-attention of the sparse kernel: exact, chunked (fused when weights need dropout)."""
+    return _chunked(config) if config.attention_dropout == 0 else FusedAttention()
+
+
+def _sparse(config: "TransformerConfig") -> AttentionKernel:
+    from aiayn.attention.sparse import SparseAttention
+
+    return SparseAttention(config.attention_pattern, config.attention_window,
+                           config.attention_stride)
 
 
 KERNELS: dict[str, KernelSpec] = {
     "reference": KernelSpec(lambda config: ReferenceAttention(), "eq. 1 written out; returns weights"),
     "fused": KernelSpec(lambda config: FusedAttention(), "torch scaled_dot_product_attention"),
+    "chunked": KernelSpec(_chunked, "exact, online softmax over query/key chunks, O(n * chunk) memory"),
+    "linear": KernelSpec(_linear, "elu+1 linear attention (Katharopoulos 2020), O(n), O(1) decoding"),
+    "sparse": KernelSpec(_sparse, "local/strided block-sparse attention (Child 2019); cross-attention "
+                                  "is exact (chunked)", build_cross=_exact_cross),
 }
 
 
-def make_kernel(config: "TransformerConfig") -> AttentionKernel:
-    """The kernel named by ``config.attention``."""
+def make_kernel(config: "TransformerConfig", *, cross: bool = False) -> AttentionKernel:
+    """The kernel named by ``config.attention`` (its cross-attention variant if ``cross``)."""
     try:
         spec = KERNELS[config.attention]
     except KeyError:
         raise ValueError(f"unknown attention kernel {config.attention!r}; choose one of "
                          f"{sorted(KERNELS)}") from None
+    if cross and spec.build_cross is not None:
+        return spec.build_cross(config)
     return spec.build(config)

@@ -1,0 +1,218 @@
+"""Sparse attention (Child et al. 2019, "Generating long sequences with sparse transformers"), computed
+block-sparsely: only the allowed (query, key) pairs are ever scored.
+
+Patterns (query at position p, key at position j; causal additionally needs j <= p):
+
+    local           |p - j| < window                 (their A^(1) of the strided pattern, eq. 3.2)
+    strided         (p - j) mod stride == 0          (their A^(2))
+    local+strided   the union, in one softmax        (one head attending both, their "merged" form)
+
+How the pairs are gathered without a (T, S) matrix:
+
+* local: queries are cut into blocks of b = min(window, T); block n needs only the keys within the
+  window of its first and last query, one contiguous slice of L = b + reach keys, taken with
+  ``unfold`` from the padded keys. Scores are (B, H, T / b, b, L): O(T * window).
+* strided: positions are laid out on a grid of ``stride`` columns (p = row * stride + column); the
+  keys of a query are exactly the keys of its column, so scores are (B, H, stride, T/stride, S/stride):
+  O(T * S / stride). For a fixed stride this part grows as n^2 / stride; Child et al. choose
+  stride ~ sqrt(n) to make it O(n sqrt n). With the pattern 'local' the cost is O(n * window).
+
+Scores of both parts are concatenated per query and normalised by one softmax; in 'local+strided' the
+strided keys already inside the window are dropped so no key counts twice. Queries are right-aligned
+(query i sits at position S - T + i), which is what decoding with a cache needs; masks may only be key
+masks (B|1, H|1, 1, S). A query with no allowed key returns zeros.
+
+Legend: B batch, H heads, T query length, S key length, Dh head width, b query block, L keys per
+block, N blocks, l stride, Aq / Ak query / key grid rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from aiayn.attention.kernels import AttentionKernel
+from aiayn.attention.linear import key_mask
+
+SPARSE_PATTERNS = ("local", "strided", "local+strided")
+
+
+def _local_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, window: int, causal: bool
+                ) -> tuple[Tensor, Tensor, callable]:
+    """Scores (B, H, T, L) and allowed (B|1, H|1, T, L) of the local window, plus a function
+    mapping weights (B, H, T, L) and values (B, H, S, Dh) to the output (B, H, T, Dh)."""
+    batch, heads, query_length, _ = q.shape
+    key_length = k.shape[2]
+    offset = key_length - query_length
+    block = min(window, query_length)
+    blocks = -(-query_length // block)
+    left, right = window - 1, 0 if causal else window - 1
+    span = block + left + right  # L: keys any query of a block may see
+    tail = blocks * block - query_length + right  # keys padded after the end
+    q_blocks = F.pad(q, (0, 0, 0, blocks * block - query_length)).view(
+        batch, heads, blocks, block, -1)  # (B, H, N, b, Dh)
+
+    def windows(x: Tensor) -> Tensor:  # (B, H, S, Dh) -> (B, H, N, L, Dh), block n's key slice
+        padded = F.pad(x, (0, 0, left, tail))[:, :, offset:]  # (B, H, N*b + left + right, Dh)
+        return padded.unfold(2, span, block).transpose(-2, -1)  # (B, H, N, L, Dh)
+
+    scores = q_blocks @ windows(k).transpose(-2, -1)  # (B, H, N, b, L)
+    # Position arithmetic: query (n, i) sits at offset + n*b + i, key (n, t) at offset + n*b + t - left.
+    i = torch.arange(block, device=q.device)[:, None]
+    t = torch.arange(span, device=q.device)[None, :]
+    distance = (i + left) - t  # (b, L): query position - key position
+    allowed = (distance >= 0) if causal else torch.ones_like(distance, dtype=torch.bool)
+    allowed = allowed & (distance.abs() < window)  # (b, L)
+    key_index = (offset + torch.arange(blocks, device=q.device)[:, None] * block
+                 + torch.arange(span, device=q.device)[None, :] - left)  # (N, L)
+    in_range = (key_index >= 0) & (key_index < key_length)  # (N, L)
+    allowed = allowed[None, None, None] & in_range[None, None, :, None, :]  # (1, 1, N, b, L)
+    if keys_allowed is not None:
+        padded = F.pad(keys_allowed, (left, tail), value=False)[..., offset:]  # (B|1, H|1, ...)
+        allowed = allowed & padded.unfold(-1, span, block)[..., None, :]  # (B|1, H|1, N, b, L)
+    rows = blocks * block
+
+    def to_queries(x: Tensor) -> Tensor:  # (.., N, b, L) -> (.., T, L)
+        return x.reshape(*x.shape[:2], rows, span)[:, :, :query_length]
+
+    def output(weights: Tensor, v: Tensor) -> Tensor:
+        weights = F.pad(weights, (0, 0, 0, rows - query_length)).view(
+            batch, heads, blocks, block, span)  # (B, H, N, b, L)
+        return (weights @ windows(v)).reshape(batch, heads, rows, -1)[:, :, :query_length]
+
+    return to_queries(scores), to_queries(allowed), output
+
+
+def _strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, stride: int, causal: bool,
+                  exclude_window: int) -> tuple[Tensor, Tensor, callable]:
+    """Scores (B, H, T, Ak) and allowed (B|1, H|1, T, Ak) of the strided keys, plus the output map.
+
+    Keys closer than ``exclude_window`` to the query are left out (the local part has them)."""
+    batch, heads, query_length, dim = q.shape
+    key_length = k.shape[2]
+    offset = key_length - query_length
+    front = offset % stride  # the query grid starts at row offset // stride
+    query_rows = -(-(front + query_length) // stride)  # Aq
+    key_rows = -(-key_length // stride)  # Ak
+
+    def query_grid(x: Tensor) -> Tensor:  # (B, H, T, X) -> (B, H, l, Aq, X)
+        x = F.pad(x, (0, 0, front, query_rows * stride - front - query_length))
+        return x.view(*x.shape[:2], query_rows, stride, x.shape[-1]).transpose(2, 3)
+
+    def key_grid(x: Tensor) -> Tensor:  # (B, H, S, X) -> (B, H, l, Ak, X)
+        x = F.pad(x, (0, 0, 0, key_rows * stride - key_length), value=False if x.dtype == torch.bool else 0.0)
+        return x.view(*x.shape[:2], key_rows, stride, x.shape[-1]).transpose(2, 3)
+
+    def to_queries(x: Tensor) -> Tensor:  # (.., l, Aq, Ak) -> (.., T, Ak)
+        x = x.transpose(2, 3).reshape(*x.shape[:2], query_rows * stride, x.shape[-1])
+        return x[:, :, front:front + query_length]
+
+    scores = query_grid(q) @ key_grid(k).transpose(-2, -1)  # (B, H, l, Aq, Ak)
+    # Query row a and key row a' of one column are (offset // stride + a - a') * stride apart.
+    rows = torch.arange(query_rows, device=q.device)[:, None] + offset // stride
+    distance = (rows - torch.arange(key_rows, device=q.device)[None, :]) * stride  # (Aq, Ak)
+    allowed = distance >= 0 if causal else torch.ones_like(distance, dtype=torch.bool)
+    allowed = allowed & (distance.abs() >= exclude_window)  # (Aq, Ak)
+    column = torch.arange(stride, device=q.device)[:, None]
+    in_range = (torch.arange(key_rows, device=q.device)[None, :] * stride + column) < key_length
+    allowed = allowed[None] & in_range[:, None, :]  # (l, Aq, Ak)
+    allowed = allowed[None, None]  # (1, 1, l, Aq, Ak)
+    if keys_allowed is not None:
+        grid = key_grid(keys_allowed[..., None])[..., 0]  # (B|1, H|1, l, Ak)
+        allowed = allowed & grid[:, :, :, None, :]  # (B|1, H|1, l, Aq, Ak)
+
+    def output(weights: Tensor, v: Tensor) -> Tensor:
+        weights = F.pad(weights, (0, 0, front, query_rows * stride - front - query_length))
+        weights = weights.view(batch, heads, query_rows, stride, key_rows).transpose(2, 3)
+        out = weights @ key_grid(v)  # (B, H, l, Aq, Dh)
+        out = out.transpose(2, 3).reshape(batch, heads, query_rows * stride, -1)  # (B, H, Aq*l, Dh)
+        return out[:, :, front:front + query_length]
+
+    return to_queries(scores), to_queries(allowed), output
+
+
+def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                     causal: bool = False, dropout: float = 0.0, *, pattern: str = "local+strided",
+                     window: int = 128, stride: int = 128) -> Tensor:
+    """Block-sparse attention (B, H, T, Dh); see the module docstring for the patterns.
+
+    Args:
+        q: queries (B, H, T, Dh), right-aligned with the keys; k, v: keys and values (B, H, S, Dh).
+        mask: key mask broadcastable to (B, H, 1, S), True = may attend (e.g. padding).
+        causal: only keys at or before the query's position.
+        dropout: dropout on the sparse attention weights.
+        pattern: 'local', 'strided' or 'local+strided'.
+        window: keys within this distance (exclusive) are local.
+        stride: strided keys are a multiple of ``stride`` away.
+
+    Raises:
+        ValueError: bad pattern/window/stride, a per-query mask, or T > S.
+    """
+    if pattern not in SPARSE_PATTERNS:
+        raise ValueError(f"pattern must be one of {list(SPARSE_PATTERNS)}, got {pattern!r}")
+    for name, value in (("window", window), ("stride", stride)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    batch, heads, query_length, dim = q.shape
+    key_length = k.shape[2]
+    if query_length > key_length:
+        raise ValueError(f"sparse attention aligns queries to the last keys and needs query_length "
+                         f"<= key_length, got {query_length} > {key_length}")
+    keys_allowed = key_mask(mask, batch, heads, query_length, key_length)  # (B|1, H|1, S)
+    # Distances never exceed S - 1, so larger windows/strides mean the same pattern as S.
+    window, stride = min(window, key_length), min(stride, key_length)
+    parts = []
+    if pattern in ("local", "local+strided"):
+        parts.append(_local_part(q, k, keys_allowed, window, causal))
+    if pattern in ("strided", "local+strided"):
+        exclude = window if pattern == "local+strided" else 0
+        parts.append(_strided_part(q, k, keys_allowed, stride, causal, exclude))
+    scores = torch.cat([part[0] for part in parts], dim=-1) / math.sqrt(dim)  # (B, H, T, L + Ak)
+    mask_batch = max(part[1].shape[0] for part in parts)
+    mask_heads = max(part[1].shape[1] for part in parts)
+    allowed = torch.cat([part[1].expand(mask_batch, mask_heads, query_length, part[1].shape[-1])
+                         for part in parts], dim=-1)  # (B|1, H|1, T, L + Ak)
+    # As in ReferenceAttention: a finite fill keeps empty rows finite, has_key zeroes them.
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    has_key = allowed.any(dim=-1, keepdim=True)  # (B|1, H|1, T, 1)
+    weights = scores.softmax(dim=-1) * has_key
+    if dropout > 0:
+        weights = F.dropout(weights, p=dropout)
+    out, start = 0, 0
+    for part in parts:
+        width = part[0].shape[-1]
+        out = out + part[2](weights[..., start:start + width], v)
+        start += width
+    return out
+
+
+class SparseAttention(AttentionKernel):
+    """Sparse attention of Child et al. 2019 (``attention="sparse"``).
+
+    Decoding uses the static KV cache and scores only the new queries' allowed keys.
+
+    Args:
+        pattern: 'local', 'strided' or 'local+strided' (``config.attention_pattern``).
+        window: local window (``config.attention_window``).
+        stride: stride of the strided pattern (``config.attention_stride``).
+    """
+
+    def __init__(self, pattern: str = "local+strided", window: int = 128, stride: int = 128):
+        super().__init__()
+        if pattern not in SPARSE_PATTERNS:
+            raise ValueError(f"pattern must be one of {list(SPARSE_PATTERNS)}, got {pattern!r}")
+        for name, value in (("window", window), ("stride", stride)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.pattern, self.window, self.stride = pattern, window, stride
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                causal: bool = False, dropout: float = 0.0) -> Tensor:
+        return sparse_attention(q, k, v, mask=mask, causal=causal, dropout=dropout,
+                                pattern=self.pattern, window=self.window, stride=self.stride)
+
+    def extra_repr(self) -> str:
+        return f"pattern={self.pattern!r}, window={self.window}, stride={self.stride}"
