@@ -13,6 +13,8 @@ import sys
 
 COMMAND_MODULES = (
     "aiayn.commands.demo",
+    "aiayn.commands.train",
+    "aiayn.commands.evaluate",
 )
 
 
