@@ -15,6 +15,8 @@ COMMAND_MODULES = (
     "aiayn.commands.demo",
     "aiayn.commands.train",
     "aiayn.commands.evaluate",
+    "aiayn.commands.plot",
+    "aiayn.commands.attention",
 )
 
 

@@ -87,35 +87,50 @@ def plot_attention_grid(weights: Tensor, query_tokens: Sequence[str], key_tokens
     slot = 0.14  # inches per token in a panel
     panel_w, panel_h = max(1.5, slot * keys), max(1.5, slot * queries)
     font = _font_size(min(panel_w / keys, panel_h / queries))
-    figure, axes = plt.subplots(layers, heads, squeeze=False, sharex=True, sharey=True,
-                                figsize=(panel_w * heads + 1.5, panel_h * layers + 1.0),
-                                layout="constrained")
+    gap_w, gap_h = 0.15, 0.55  # inches between panels (room for the panel titles)
+    bar_w = 0.25
+    width = heads * panel_w + (heads - 1) * gap_w + 2 * gap_w + bar_w
+    height = layers * panel_h + (layers - 1) * gap_h
+    # A fixed grid (no constrained layout: it measures every tick label, slow for big grids); the
+    # tick labels sit outside the grid and bbox_inches="tight" keeps them in the saved image.
+    figure = plt.figure(figsize=(width, height))
+    grid = figure.add_gridspec(layers, heads + 1, left=0, right=1, bottom=0, top=1,
+                               width_ratios=[panel_w] * heads + [2 * gap_w + bar_w],
+                               wspace=gap_w / panel_w, hspace=gap_h / panel_h)
     vmax = float(values.max()) if values.size and values.max() > 0 else 1.0
     image = None
     for layer in range(layers):
         for head in range(heads):
-            axis = axes[layer][head]
+            axis = figure.add_subplot(grid[layer, head])
             image = axis.imshow(values[layer, head], cmap=COLOUR_MAP, vmin=0.0, vmax=vmax,
                                 aspect="auto", interpolation="nearest")
             name = f"L{layer} H{head}"
             if head_labels is not None:
-                name += f"\n{head_labels[layer][head]}"
-            axis.set_title(name, fontsize=max(font, 7))
-            axis.set_xticks(range(keys))
-            axis.set_yticks(range(queries))
+                name += f": {head_labels[layer][head]}"
+            axis.set_title(name, fontsize=max(font, 8), pad=3)
             axis.tick_params(length=0, labelsize=font)
-            if layer == layers - 1:
+            if layer == layers - 1:  # token labels on the outer axes only
+                axis.set_xticks(range(keys))
                 axis.set_xticklabels([display_token(t) for t in key_tokens], rotation=90)
+                axis.set_xlabel(key_axis, fontsize=max(font, 8))
+            else:
+                axis.set_xticks([])
             if head == 0:
+                axis.set_yticks(range(queries))
                 axis.set_yticklabels([display_token(t) for t in query_tokens])
                 axis.set_ylabel(f"layer {layer}\n{query_axis}", fontsize=max(font, 8))
-    for head in range(heads):
-        axes[layers - 1][head].set_xlabel(key_axis, fontsize=max(font, 8))
-    bar = figure.colorbar(image, ax=axes, shrink=min(1.0, 4.0 / max(layers, 1)) if layers > 4
-                          else 0.9, aspect=30)
-    bar.set_label("attention weight")
-    figure.suptitle(title, fontsize=12)
+            else:
+                axis.set_yticks([])
+    bar_axis = figure.add_axes(_bar_box(grid, figure, gap_w / width, bar_w / width))
+    figure.colorbar(image, cax=bar_axis).set_label("attention weight")
+    figure.suptitle(title, fontsize=12, y=1 + 0.6 / height, va="bottom")
     return save_figure(figure, path, dpi)
+
+
+def _bar_box(grid, figure, gap: float, width: float) -> list[float]:
+    """[left, bottom, width, height] of a colour bar in the last grid column (figure fractions)."""
+    column = grid[:, -1].get_position(figure)
+    return [column.x0 + gap, column.y0, width, column.height]
 
 
 def plot_attention_head(weights: Tensor, query_tokens: Sequence[str], key_tokens: Sequence[str],
@@ -133,8 +148,7 @@ def plot_attention_head(weights: Tensor, query_tokens: Sequence[str], key_tokens
     queries, keys = weights.shape
     values = weights.detach().float().cpu().numpy()
     cell = 0.42 if max(queries, keys) <= 24 else 0.34  # inches: room for "0.00"
-    figure, axis = plt.subplots(figsize=(cell * keys + 2.5, cell * queries + 1.5),
-                                layout="constrained")
+    figure, axis = plt.subplots(figsize=(cell * keys + 1.2, cell * queries))
     vmax = float(values.max()) if values.size and values.max() > 0 else 1.0
     image = axis.imshow(values, cmap=COLOUR_MAP, vmin=0.0, vmax=vmax, aspect="auto",
                         interpolation="nearest")
@@ -143,8 +157,9 @@ def plot_attention_head(weights: Tensor, query_tokens: Sequence[str], key_tokens
         for column in range(keys):
             value = values[row, column]
             colour = "black" if value > 0.6 * vmax else "white"
+            # Cell texts sit inside the axes: leaving them out of the layout saves measuring them.
             axis.text(column, row, f"{value:.2f}", ha="center", va="center",
-                      fontsize=number_font, color=colour)
+                      fontsize=number_font, color=colour).set_in_layout(False)
     font = _font_size(cell)
     axis.set_xticks(range(keys))
     axis.set_yticks(range(queries))
@@ -154,5 +169,5 @@ def plot_attention_head(weights: Tensor, query_tokens: Sequence[str], key_tokens
     axis.set_xlabel(key_axis)
     axis.set_ylabel(query_axis)
     axis.set_title(title)
-    figure.colorbar(image, ax=axis, shrink=0.8).set_label("attention weight")
+    figure.colorbar(image, ax=axis, fraction=0.04, pad=0.02).set_label("attention weight")
     return save_figure(figure, path, dpi)
