@@ -57,7 +57,7 @@ def test_attention_translation_with_tokenizer_target_file_and_html(tmp_path, cap
                            page.index("</script>")].replace("<\\/", "</"))
     cross = data["sections"][2]
     assert cross["keys"] == "the cat sat on the mat . </s>".split()  # source + eos
-    assert cross["queries"] == "<s> die katze sass auf der matte . </s>".split()
+    assert cross["queries"] == "<s> die katze sass auf der matte .".split()  # decoder input
 
     # a file of texts (SOURCE<TAB>TARGET): metrics over all, greedy target when none is given
     texts = tmp_path / "texts.txt"
@@ -130,3 +130,40 @@ def test_argparse_errors_exit_2():
     result = subprocess.run([sys.executable, "-m", "aiayn", "attention", "run"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--text" in result.stderr
+
+
+def test_tokenizer_adapters_for_the_task_assets(tmp_path):
+    """The translation task's SubwordTokenizer (a tokenizers.Tokenizer inside, batch encode), the lm
+    task's CharVocabulary (symbols), SentencePiece-like and plain objects."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from aiayn.visualise.subjects import tokenizer_from_object
+
+    class Subword:  # the shape of aiayn.data.tokenizer.SubwordTokenizer
+        def __init__(self, backend):
+            self._backend = backend
+
+        def encode(self, texts):
+            return [e.ids for e in self._backend.encode_batch(list(texts), add_special_tokens=False)]
+
+    class Chars:  # the shape of aiayn.data.text.CharVocabulary
+        symbols = ["\n", " ", "a", "b"]
+
+        def encode(self, text):
+            return [self.symbols.index(c) for c in text]
+
+    class Pieces:  # SentencePiece-like
+        def encode(self, text, out_type=int):
+            return [len(word) for word in text.split()]
+
+        def id_to_piece(self, i):
+            return f"p{i}"
+
+    backend = HFTokenizer.from_file(str(make_tokenizer(tmp_path / "t.json")))
+    subword = tokenizer_from_object(Subword(backend), "subword")
+    assert subword.encode("the cat") == [4, 5] and subword.labels([4, 5]) == ["the", "cat"]
+    chars = tokenizer_from_object({"vocabulary": None, "tokenizer": Chars()}, "chars")
+    assert chars.encode("ab a") == [2, 3, 1, 2] and chars.labels([0, 1]) == ["\n", " "]
+    pieces = tokenizer_from_object(Pieces(), "pieces")
+    assert pieces.encode("aa bbb") == [2, 3] and pieces.labels([2]) == ["p2"]
+    assert tokenizer_from_object(object(), "nothing") is None

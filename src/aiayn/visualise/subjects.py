@@ -37,7 +37,9 @@ def tokenizer_from_object(obj: Any, description: str) -> Tokenizer | None:
     ``PreTrainedTokenizer`` or anything with ``encode`` + a token lookup); None if unrecognised."""
     if obj is None:
         return None
-    for name in ("tokenizer", "tokenizers", "source_tokenizer"):  # assets objects and dicts
+    # Assets objects and dicts hold the tokenizer; the translation task's SubwordTokenizer wraps a
+    # tokenizers.Tokenizer (its batch-only ``encode`` adds no specials, nor does ours below).
+    for name in ("tokenizer", "tokenizers", "source_tokenizer", "backend", "_backend"):
         inner = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
         if inner is not None and inner is not obj:
             found = tokenizer_from_object(inner, description)
@@ -46,7 +48,7 @@ def tokenizer_from_object(obj: Any, description: str) -> Tokenizer | None:
     if hasattr(obj, "id_to_token") and hasattr(obj, "encode") and hasattr(obj, "get_vocab_size"):
         # tokenizers.Tokenizer: its post-processor (if any) adds the special tokens.
         has_post = getattr(obj, "post_processor", None) is not None
-        return Tokenizer(encode=lambda text: list(obj.encode(text).ids),
+        return Tokenizer(encode=lambda text: obj.encode(text, add_special_tokens=has_post).ids,
                          labels=lambda ids: [obj.id_to_token(i) or f"<{i}>" for i in ids],
                          description=description, adds_specials=has_post)
     if hasattr(obj, "id_to_piece") and hasattr(obj, "encode"):  # SentencePiece
@@ -57,6 +59,10 @@ def tokenizer_from_object(obj: Any, description: str) -> Tokenizer | None:
         return Tokenizer(encode=lambda text: list(obj.encode(text)),
                          labels=lambda ids: list(obj.convert_ids_to_tokens(list(ids))),
                          description=description, adds_specials=True)
+    symbols = getattr(obj, "symbols", None)
+    if isinstance(symbols, list) and hasattr(obj, "encode"):  # the lm task's CharVocabulary
+        return Tokenizer(encode=lambda text: list(obj.encode(text)),
+                         labels=lambda ids: [symbols[int(i)] for i in ids], description=description)
     for lookup in ("id_to_token", "id_to_piece", "token"):
         if hasattr(obj, lookup) and hasattr(obj, "encode"):
             function = getattr(obj, lookup)
@@ -135,9 +141,11 @@ class Subject:
     def example(self, text: str, target: str | None = None) -> Example:
         """Tokenise ``text`` (and ``target`` for an encoder-decoder model) as the model was trained.
 
-        Encoder-decoder: source + ``eos_id``; decoder input = ``decoder_start_id`` (else ``bos_id``)
-        + target (+ ``eos_id``), or the model's greedy translation when ``target`` is None. Decoder-only:
-        ``bos_id`` + text. Encoder-only: the tokenizer's own special tokens.
+        As the translation task trains: source + ``eos_id``; decoder input = ``decoder_start_id``
+        (else ``bos_id``) + target, the target being the model's greedy translation when ``target``
+        is None (so the last row is where the model looks when it predicts ``</s>``). Decoder-only
+        and encoder-only models: the tokenizer's ids as they are (a tokenizer with a post-processor,
+        e.g. BERT's, adds its own [CLS]/[SEP]).
 
         Raises:
             ValueError: untokenisable text, ids outside the vocabulary, a target for a model without a
@@ -150,9 +158,6 @@ class Subject:
             if target is not None:
                 raise ValueError(f"--target is for translation models; this is a {self.task} "
                                  "model (put the whole text in --text)")
-            if self.task == "lm" and not specials and config.bos_id is not None \
-                    and source[0] != config.bos_id:
-                source = [config.bos_id] + source
             return Example(source, self._labels(source))
         if not specials and config.eos_id is not None and source[-1] != config.eos_id:
             source = source + [config.eos_id]
@@ -162,10 +167,10 @@ class Subject:
                              "build the decoder input")
         if target is None:
             target_ids = greedy_decode(self.model, source, start, config.eos_id)
+            if len(target_ids) > 1 and target_ids[-1] == config.eos_id:
+                target_ids = target_ids[:-1]
         else:
             target_ids = [start] + self._ids(target, "target text")
-            if config.eos_id is not None and target_ids[-1] != config.eos_id:
-                target_ids.append(config.eos_id)
         return Example(source, self._labels(source), target_ids, self._labels(target_ids))
 
 
