@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="at most this many texts from --text-file (default 1000)")
     parser.add_argument("--tokenizer", metavar="FILE",
                         help="tokenizers JSON or SentencePiece .model to use instead of the run's")
+    parser.add_argument("--dpi", type=int, default=110, help="image resolution (default 110)")
     parser.add_argument("--html", action="store_true",
                         help="also write attention.html (self-contained, interactive)")
     parser.set_defaults(run=run)
@@ -89,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"target (greedy translation): {' '.join(examples[0].target_tokens)}")
     written = write_attention_report(
         subject.model, examples, args.out, layer=args.layer, head=args.head, kind=args.kind,
-        html=args.html, window=args.window, title=f"{Path(args.run_dir).name} ({subject.task})")
+        html=args.html, window=args.window, dpi=args.dpi,
+        title=f"{Path(args.run_dir).name} ({subject.task})")
     for name, path in written.items():
         print(f"wrote {path}")
     print(f"{len(examples)} text(s); tokenizer: "

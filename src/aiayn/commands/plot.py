@@ -22,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     positions.add_argument("--layout", choices=("interleaved", "split"), default="interleaved",
                            help="sin/cos on even/odd dimensions (paper) or in two halves")
     positions.add_argument("--out", required=True, help="output image (.png, .svg, .pdf)")
+    positions.add_argument("--dpi", type=int, default=110, help="resolution (default 110)")
     positions.set_defaults(run=run_positions)
 
     schedule = kinds.add_parser(
@@ -35,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     schedule.add_argument("--steps", type=int, default=20000, help="steps to draw (default 20000)")
     schedule.add_argument("--factor", type=float, default=1.0, help="scale factor (default 1)")
     schedule.add_argument("--out", required=True, help="output image (.png, .svg, .pdf)")
+    schedule.add_argument("--dpi", type=int, default=110, help="resolution (default 110)")
     schedule.set_defaults(run=run_schedule)
 
     curves = kinds.add_parser(
@@ -43,13 +45,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "perplexity), score and learning rate over steps.")
     curves.add_argument("run_dir", metavar="RUN_DIR", help="a run directory or a log.jsonl file")
     curves.add_argument("--out", required=True, help="output image (.png, .svg, .pdf)")
+    curves.add_argument("--dpi", type=int, default=110, help="resolution (default 110)")
     curves.set_defaults(run=run_curves)
 
 
 def run_positions(args: argparse.Namespace) -> int:
     from aiayn.visualise.plots import plot_positions
 
-    path = plot_positions(args.d_model, args.length, args.out, layout=args.layout)
+    path = plot_positions(args.d_model, args.length, args.out, layout=args.layout, dpi=args.dpi)
     print(f"wrote {path}")
     return 0
 
@@ -58,7 +61,7 @@ def run_schedule(args: argparse.Namespace) -> int:
     from aiayn.visualise.plots import plot_schedule
 
     path = plot_schedule(args.out, d_models=args.d_model, warmups=args.warmup, steps=args.steps,
-                         factor=args.factor)
+                         factor=args.factor, dpi=args.dpi)
     print(f"wrote {path}")
     return 0
 
@@ -68,6 +71,6 @@ def run_curves(args: argparse.Namespace) -> int:
 
     source = Path(args.run_dir)
     log = source / "log.jsonl" if source.is_dir() else source
-    path = plot_run(log, args.out)
+    path = plot_run(log, args.out, dpi=args.dpi)
     print(f"wrote {path}")
     return 0

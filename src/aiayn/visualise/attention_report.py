@@ -103,7 +103,8 @@ def example_views(model: nn.Module, example: Example) -> list[AttentionView]:
 def write_attention_report(model: nn.Module, examples: Sequence[Example], out_dir: str | Path, *,
                            layer: int | None = None, head: int | None = None,
                            kind: str | None = None, html: bool = False,
-                           window: int = DEFAULT_WINDOW, title: str = "attention") -> dict[str, Path]:
+                           window: int = DEFAULT_WINDOW, title: str = "attention",
+                           dpi: int = 110) -> dict[str, Path]:
     """Write the report of ``examples`` into ``out_dir``; returns the written files by name.
 
     Files: ``<kind>_grid.png`` per attention kind (the first example), ``<kind>_L<l>_H<h>.png`` (a
@@ -138,7 +139,7 @@ def write_attention_report(model: nn.Module, examples: Sequence[Example], out_di
         head_labels = [[labels[(view.kind, l, h)] for h in range(heads)] for l in range(layers)]
         written[f"{view.kind}_grid"] = plot_attention_grid(
             view.weights, view.query_tokens, view.key_tokens, out_dir / f"{view.kind}_grid.png",
-            title=f"{title}: {view.title}", head_labels=head_labels)
+            title=f"{title}: {view.title}", head_labels=head_labels, dpi=dpi)
         if kind is not None and view.kind != kind:
             continue
         zoom_layer = layers - 1 if layer is None else layer
@@ -148,7 +149,7 @@ def write_attention_report(model: nn.Module, examples: Sequence[Example], out_di
             view.weights[zoom_layer, zoom_head], view.query_tokens, view.key_tokens,
             out_dir / f"{name}.png",
             title=f"{title}: {view.title}, layer {zoom_layer} head {zoom_head} "
-                  f"({labels[(view.kind, zoom_layer, zoom_head)]})")
+                  f"({labels[(view.kind, zoom_layer, zoom_head)]})", dpi=dpi)
     write_metrics(rows, out_dir / "metrics.json", out_dir / "metrics.csv")
     written["metrics.json"] = out_dir / "metrics.json"
     written["metrics.csv"] = out_dir / "metrics.csv"

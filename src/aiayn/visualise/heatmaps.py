@@ -49,8 +49,15 @@ def _font_size(slot_inches: float) -> float:
 
 
 def save_figure(figure, path: str | Path, dpi: int) -> Path:
-    """Save atomically with a tight bounding box (nothing clipped) and close the figure."""
+    """Save atomically with a tight bounding box (nothing clipped) and close the figure.
+
+    Raises:
+        ValueError: dpi outside 20..600.
+    """
     plt = pyplot()
+    if not 20 <= dpi <= 600:
+        plt.close(figure)
+        raise ValueError(f"dpi must be between 20 and 600, got {dpi}")
     path = Path(path)
     with atomic_path(path) as temporary:
         figure.savefig(temporary, dpi=dpi, bbox_inches="tight", pad_inches=0.15,

@@ -36,7 +36,8 @@ def readable_dimensions(d_model: int, length: int, layout: str = "interleaved") 
 
 
 def plot_positions(d_model: int, length: int, path: str | Path, *,
-                   layout: str = "interleaved", dims: Sequence[int] | None = None) -> Path:
+                   layout: str = "interleaved", dims: Sequence[int] | None = None,
+                   dpi: int = 110) -> Path:
     """Three panels of the sinusoidal position encoding of ``length`` positions and width ``d_model``.
 
     ``dims``: the dimensions drawn as curves (default: ``readable_dimensions``).
@@ -74,12 +75,12 @@ def plot_positions(d_model: int, length: int, path: str | Path, *,
     figure.colorbar(image, ax=axes[2], shrink=0.85).set_label("similarity")
     figure.suptitle("Positional encoding (paper 3.5): "
                     "PE(pos,2i) = sin(pos/10000^(2i/d)), PE(pos,2i+1) = cos(pos/10000^(2i/d))")
-    return save_figure(figure, path, dpi=110)
+    return save_figure(figure, path, dpi=dpi)
 
 
 def plot_schedule(path: str | Path, *, d_models: Sequence[int] = (512,),
                   warmups: Sequence[int] = (4000,), steps: int = 20000,
-                  factor: float = 1.0) -> Path:
+                  factor: float = 1.0, dpi: int = 110) -> Path:
     """The learning rate of eq. 3, lrate = factor * d^-0.5 * min(step^-0.5, step * warmup^-1.5),
     for every pair of ``d_models`` x ``warmups`` over ``steps`` steps.
 
@@ -110,7 +111,7 @@ def plot_schedule(path: str | Path, *, d_models: Sequence[int] = (512,),
     axis.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
     axis.grid(alpha=0.3)
     axis.legend()
-    return save_figure(figure, path, dpi=110)
+    return save_figure(figure, path, dpi=dpi)
 
 
 def read_log(path: str | Path) -> list[dict]:
@@ -177,7 +178,8 @@ def _is_score(key: str) -> bool:
 RATE_KEYS = ("lr", "learning_rate")
 
 
-def plot_run(log_path: str | Path, path: str | Path, *, title: str | None = None) -> Path:
+def plot_run(log_path: str | Path, path: str | Path, *, title: str | None = None,
+             dpi: int = 110) -> Path:
     """Loss, perplexity (exp of each loss), scores (BLEU, chrF, accuracy, F1) and learning rate over
     steps, one panel each, from a run's ``log.jsonl``; panels without data are left out. Records
     with a ``split`` field ("train", "valid") give one curve per split.
@@ -220,4 +222,4 @@ def plot_run(log_path: str | Path, path: str | Path, *, title: str | None = None
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     figure.suptitle(title or f"Training run: {Path(log_path).parent.name or log_path}")
-    return save_figure(figure, path, dpi=110)
+    return save_figure(figure, path, dpi=dpi)
