@@ -8,6 +8,7 @@ colours the keys by how much that token attends to them; hovering a cell shows t
 The page writes its state into ``#status`` (``data-state="ok"`` and ``data-heads`` = heads drawn, or
 ``data-state="error"`` with the message), and with the URL fragment ``#selftest`` it draws every kind and
 layer in turn and checks the hover colouring, so a headless browser's DOM dump shows whether it works.
+``#query=N`` pins query token N on load (for screenshots).
 
 Legend: L layers, H heads, T query length, S key length.
 """
@@ -257,6 +258,11 @@ function selfTest() {
 try {
   if (!DATA.sections.length) throw new Error("no attention in the report");
   if (location.hash === "#selftest") selfTest(); else render();
+  const preset = /query=(\d+)/.exec(location.hash);  // e.g. #query=3: pin a token (screenshots)
+  if (preset && Number(preset[1]) < DATA.sections[state.section].queries.length) {
+    state.pinned = true;
+    setQuery(Number(preset[1]));
+  }
 } catch (error) {
   fail(error.message);
 }
