@@ -18,6 +18,8 @@ COMMAND_MODULES = (
     "aiayn.commands.translate",
     "aiayn.commands.generate",
     "aiayn.commands.classify",
+    "aiayn.commands.plot",
+    "aiayn.commands.attention",
 )
 
 

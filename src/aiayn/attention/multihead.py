@@ -78,8 +78,8 @@ class MultiHeadAttention(nn.Module):
 
         ``mask`` broadcasts to (B, H, T, S), True = may attend; ``causal`` adds a right-aligned causal
         mask. With a ``cache``, ``x`` holds the T newest positions, starting at ``cache.length``.
-        Returns the output (B, T, D) and, if ``need_weights``, the weights (B, H, T, S) computed by the
-        reference kernel (whatever kernel the layer uses otherwise).
+        Returns the output (B, T, D) (always from the layer's own kernel) and, if ``need_weights``, the
+        weights (B, H, T, S) before dropout, computed by the reference kernel.
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"attention input must have shape (B, T, D={self.d_model}), got "
@@ -108,11 +108,12 @@ class MultiHeadAttention(nn.Module):
                     return self._merge(out, batch, length), None
                 k, v = layer_cache.write(cache.length, k, v)  # (B, H, S, Dh), S = cached + T
                 causal = True
+        out = self.kernel(q, k, v, mask=mask, causal=causal, dropout=dropout)
+        weights = None
         if need_weights:
-            out, weights = ReferenceAttention().with_weights(q, k, v, mask=mask, causal=causal,
-                                                             dropout=dropout)
-        else:
-            out, weights = self.kernel(q, k, v, mask=mask, causal=causal, dropout=dropout), None
+            # The weights come from the reference kernel, but the output stays the layer's own kernel's,
+            # so collecting attention never changes the model's numbers (the visualiser relies on it).
+            weights = ReferenceAttention().with_weights(q, k, v, mask=mask, causal=causal)[1]
         return self._merge(out, batch, length), weights
 
     def _merge(self, out: Tensor, batch: int, length: int) -> Tensor:
