@@ -50,6 +50,7 @@ class TransformerConfig:
     norm_first: bool = False  # False: the paper's post-norm; True: pre-norm (GPT-2)
     final_norm: bool | None = None  # LayerNorm after the last layer; None: same as norm_first
     layer_norm_eps: float = 1e-5
+    layer_norm_bias: bool = True  # False: LayerNorm with a gain only (nanoGPT with bias=False)
     bias: bool = True  # biases in the attention and FFN projections
     fused_projections: bool = True  # one (D, 3D) matmul for q, k, v instead of three (D, D)
     attention: str = "fused"  # attention kernel name, see aiayn.attention.kernels.make_kernel
@@ -65,6 +66,7 @@ class TransformerConfig:
     tie_output: bool = True  # paper 3.4: the pre-softmax projection shares the target embedding
     output_bias: bool = False  # a bias on the output logits (BERT MLM, Marian's final_logits_bias)
     init_std: float | None = None  # None: Xavier matrices, N(0, 1/sqrt(D)) embeddings; else N(0, std)
+    scaled_residual_init: bool = False  # GPT-2: std / sqrt(2 * layers) for projections into the residual
 
     # --- heads of the encoder-only family ----------------------------------------------------------
     num_labels: int = 2
@@ -188,6 +190,15 @@ PRESETS: dict[str, dict[str, Any]] = {
                 dropout=0.3),
     "tiny": dict(vocab_size=100, d_model=32, d_ff=64, n_heads=4, n_encoder_layers=2,
                  n_decoder_layers=2, max_length=64, dropout=0.0),
+    # nanoGPT's CPU "baby GPT" (README: train_shakespeare_char.py --device=cpu --block_size=64
+    # --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --dropout=0.0; train.py bias=False):
+    # a GPT-2 block (pre-norm, GELU, 4x FFN, learned positions, tied output, N(0, 0.02) init with
+    # the residual projections scaled) without biases. vocab_size is set by the text's characters.
+    "baby-gpt": dict(vocab_size=65, d_model=128, n_heads=4, d_ff=512, n_encoder_layers=0,
+                     n_decoder_layers=4, max_length=64, dropout=0.0, activation="gelu",
+                     norm_first=True, bias=False, layer_norm_bias=False, positions="learned",
+                     scale_embeddings=False, tie_output=True, init_std=0.02,
+                     scaled_residual_init=True),
 }
 
 

@@ -35,7 +35,8 @@ class Embeddings(nn.Module):
         self.max_length = config.max_length
         self.token_types = (nn.Embedding(config.type_vocab_size, config.d_model)
                             if config.type_vocab_size else None)
-        self.norm = (nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.norm = (nn.LayerNorm(config.d_model, eps=config.layer_norm_eps,
+                                 bias=config.layer_norm_bias)
                      if config.embedding_norm else None)
         self.dropout = nn.Dropout(config.dropout)
 

@@ -27,7 +27,8 @@ class Residual(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps,
+                                 bias=config.layer_norm_bias)
         self.dropout = nn.Dropout(config.dropout)
         self.norm_first = config.norm_first
 

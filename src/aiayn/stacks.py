@@ -47,7 +47,9 @@ def check_ids(ids: Tensor, name: str) -> None:
 
 
 def final_norm(config: TransformerConfig) -> nn.Module | None:
-    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.final_norm else None
+    if not config.final_norm:
+        return None
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.layer_norm_bias)
 
 
 class Encoder(nn.Module):

@@ -65,7 +65,8 @@ class MaskedLMHead(nn.Module):
         if config.mlm_transform:
             self.dense = nn.Linear(config.d_model, config.d_model)
             self.activation = activation_function(config.activation)
-            self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+            self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps,
+                                 bias=config.layer_norm_bias)
         else:
             self.dense = None
         self.projection = OutputProjection(config, embedding, tied=config.tie_output)
@@ -93,5 +94,16 @@ def initialise(model: nn.Module, config: TransformerConfig) -> None:
             std = config.init_std if config.init_std is not None else config.d_model ** -0.5
             nn.init.normal_(module.weight, std=std)
         elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+            if module.weight is not None:
+                nn.init.ones_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    if config.scaled_residual_init and config.init_std is not None:
+        # GPT-2 (Radford et al. 2019, 2.3): the layers' projections into the residual stream, the
+        # attention output and the FFN's second matrix, start at std / sqrt(2 * layers) so the sum
+        # of 2 * layers residual branches keeps the size of one.
+        layers = max(config.n_encoder_layers + config.n_decoder_layers, 1)
+        std = config.init_std / (2 * layers) ** 0.5
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear) and name.endswith(("out_proj", "linear2")):
+                nn.init.normal_(module.weight, std=std)

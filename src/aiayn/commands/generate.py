@@ -1,0 +1,126 @@
+"""``aiayn generate RUN_DIR --prompt TEXT``: continue a prompt with a trained language model.
+
+Tokens stream to stdout as they are produced (one prompt), or each continuation is printed once done
+(several prompts, generated together as one left-padded batch). A prompt longer than the model's
+context keeps its last ``context - 1`` characters, with a warning on stderr. Past the context the
+cache slides (rebuilt from the last half of the context, like nanoGPT's sampler cropping its input)
+unless ``--no-slide`` makes that an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="generate text from a trained language model (aiayn train lm)",
+        description="Continue a prompt with the model of RUN_DIR; tokens stream to stdout.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by 'aiayn train lm'")
+    parser.add_argument("--prompt", action="append", default=None, metavar="TEXT",
+                        help="text to continue (repeat for a batch of prompts; default: a newline)")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+    parser.add_argument("--greedy", action="store_true", help="always the likeliest token")
+    parser.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                        help="stop a continuation at this string (repeatable; not printed)")
+    parser.add_argument("--no-slide", action="store_true",
+                        help="error instead of sliding the context when it fills up")
+    parser.add_argument("--no-stream", action="store_true", help="print when done")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.set_defaults(run=run)
+
+
+class StopStrings:
+    """Finds the earliest stop string in a text; knows how much of a text is safe to show while
+    a stop string could still be completing at its end."""
+
+    def __init__(self, stops: list[str]):
+        if any(not stop for stop in stops):
+            raise ValueError("--stop strings must not be empty")
+        self.stops = stops
+
+    def cut(self, text: str) -> int | None:
+        """Index of the earliest stop string in ``text``, or None."""
+        hits = [index for index in (text.find(stop) for stop in self.stops) if index >= 0]
+        return min(hits) if hits else None
+
+    def safe(self, text: str) -> int:
+        """Length of the prefix of ``text`` that no stop string can still reach into."""
+        hold = 0
+        for stop in self.stops:
+            for size in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:size]):
+                    hold = max(hold, size)
+                    break
+        return len(text) - hold
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from aiayn.decoding.sampling import generate
+    from aiayn.training.run import load_run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run_ = load_run(args.run_dir, task="lm")
+    vocabulary, context = run_.assets, run_.model_config.max_length
+    model = run_.model.to(torch.device(args.device))
+    stops = StopStrings(args.stop)
+    prompts = args.prompt or ["\n"]
+    rows = []
+    for number, prompt in enumerate(prompts, start=1):
+        if not prompt:
+            raise ValueError(f"prompt {number} is empty")
+        ids = vocabulary.encode(prompt, source=f"prompt {number}")
+        if len(ids) >= context:
+            print(f"aiayn generate: warning: prompt {number} has {len(ids)} characters, more than "
+                  f"the context of {context} allows; keeping its last {context - 1}",
+                  file=sys.stderr)
+            ids = ids[-(context - 1):]
+        rows.append(ids)
+    stream = len(rows) == 1 and not args.no_stream
+    texts = [""] * len(rows)
+    shown, done = [0], [False]
+
+    def on_step(step: int, tokens, finished) -> None:
+        if done[0]:  # the stop string is out; the generator notices at its next check
+            return
+        texts[0] += vocabulary.decode([int(tokens[0])])
+        cut = stops.cut(texts[0])
+        done[0] = cut is not None
+        visible = cut if cut is not None else stops.safe(texts[0])
+        if visible > shown[0]:
+            sys.stdout.write(texts[0][shown[0]:visible])
+            sys.stdout.flush()
+            shown[0] = visible
+
+    def stop(row: int, tokens: list[int]) -> bool:
+        return stops.cut(vocabulary.decode(tokens)) is not None
+
+    if stream:
+        sys.stdout.write(prompts[0])
+        sys.stdout.flush()
+    result = generate(model, rows, max_new_tokens=args.max_new_tokens,
+                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                      greedy=args.greedy, seed=args.seed, slide=not args.no_slide,
+                      stop=stop if args.stop else None, on_step=on_step if stream else None)
+    for index, tokens in enumerate(result.tokens):
+        text = vocabulary.decode(tokens)
+        cut = stops.cut(text)
+        text = text if cut is None else text[:cut]
+        if stream:
+            sys.stdout.write(text[shown[0]:] + "\n")
+        else:
+            if len(rows) > 1:
+                sys.stdout.write(f"=== {prompts[index]!r}\n")
+            sys.stdout.write(prompts[index] + text + "\n")
+    sys.stdout.flush()
+    return 0

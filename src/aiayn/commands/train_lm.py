@@ -1,0 +1,68 @@
+"""Language modelling on a plain text file (decoder-only, character level).
+
+``aiayn train lm --data TEXT --preset baby-gpt --out RUN_DIR``: the defaults of this sub-command are
+nanoGPT's CPU "baby GPT" recipe (AdamW betas 0.9/0.99, weight decay 0.1 on matrices and embeddings
+only, lr 1e-3 with 100 warm-up steps and cosine decay to 1e-4 over 2000 steps, clipping at 1.0,
+batch 12 of 64 characters). ``aiayn evaluate RUN_DIR --data TEXT`` reports loss, perplexity and
+bits per character on a text.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("language modelling data")
+    group.add_argument("--data", required=True, metavar="TEXT",
+                       help="UTF-8 text file; the first 90%% trains, the last 10%% validates")
+    group.add_argument("--batch-size", type=int, default=12, help="blocks per batch")
+    group.add_argument("--block-size", type=int, default=None,
+                       help="context length (default: the preset's max_length)")
+    group.add_argument("--valid-fraction", type=float, default=0.1,
+                       help="last fraction of the text held out for validation")
+    group.add_argument("--batches-per-epoch", type=int, default=None,
+                       help="random-offset batches per epoch (default: one pass over the text)")
+    group.add_argument("--eval-batch-size", type=int, default=64, help="blocks per eval batch")
+    # nanoGPT's shakespeare_char recipe with the CPU overrides of its README ("baby GPT").
+    parser.set_defaults(preset="baby-gpt", optimizer="adamw", betas=(0.9, 0.99), adam_eps=1e-8,
+                        weight_decay=0.1, decay_matrices_only=True, schedule="warmup_cosine",
+                        warmup=100, lr=1e-3, min_lr=1e-4, steps=2000, clip_norm=1.0,
+                        eval_every=500, save_every=500, log_every=10)
+
+
+def make_task(args: argparse.Namespace):
+    from aiayn.tasks.lm import LanguageModelTask
+
+    return LanguageModelTask(args.data, batch_size=args.batch_size, block_size=args.block_size,
+                             valid_fraction=args.valid_fraction,
+                             batches_per_epoch=args.batches_per_epoch,
+                             eval_batch_size=args.eval_batch_size, seed=args.seed,
+                             device=args.device)
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """Loss, perplexity and bits per character of RUN_DIR's model on ``--data`` (the whole file;
+    ``--split valid`` / ``--split train``: its last 10% / first 90%, as in training)."""
+    import torch
+
+    from aiayn.data.text import read_text, split_text
+    from aiayn.tasks.lm import evaluate_ids
+    from aiayn.training.run import load_run
+
+    run = load_run(args.run_dir, task="lm")
+    path = Path(args.data[0])
+    text = read_text(path)
+    if args.split in ("train", "valid"):
+        train_text, valid_text = split_text(text, 0.1)
+        text = train_text if args.split == "train" else valid_text
+    if args.limit is not None:
+        text = text[:args.limit]
+    ids = torch.tensor(run.assets.encode(text, source=str(path)), dtype=torch.long)
+    device = torch.device(args.device)
+    model = run.model.to(device)
+    metrics = evaluate_ids(model, ids, block_size=run.model_config.max_length, device=device)
+    split = args.split if args.split in ("train", "valid") else "all"
+    return {"task": "lm", "data": str(path), "split": split, **metrics}

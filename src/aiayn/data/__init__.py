@@ -1,0 +1,1 @@
+"""Data readers and vocabularies (``aiayn.data.text``: plain text for language modelling)."""

@@ -1,0 +1,180 @@
+"""Plain text for language modelling: reading with clear errors, a character vocabulary, the
+train/valid split and contiguous blocks.
+
+A character vocabulary is the sorted set of characters of the training text (nanoGPT's
+``shakespeare_char`` preparation), so ids are stable for a given text and the vocabulary is small
+(78 symbols for the bundled Shakespeare).
+
+Legend: B batch, T block length (context), N tokens in a split.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+
+def read_text(path: str | Path) -> str:
+    """The whole UTF-8 text of ``path`` (gzip-compressed if its name ends in ``.gz``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        IsADirectoryError: ``path`` is a directory.
+        ValueError: the file is empty (or only whitespace), or not UTF-8 (names line and column).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; give a plain text file")
+    if not path.exists():
+        raise FileNotFoundError(f"text file not found: {path}")
+    data = path.read_bytes()
+    if path.suffix == ".gz":  # the bundled corpus is gzip-compressed
+        import gzip
+
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as error:
+            raise ValueError(f"{path}: not a valid gzip file ({error})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise ValueError(f"{path}:{line}:{column}: not UTF-8 (byte 0x{data[error.start]:02x}); "
+                         f"convert the file to UTF-8") from None
+    if text.startswith("\ufeff"):  # a UTF-8 byte order mark is not text
+        text = text[1:]
+    if not text.strip():
+        raise ValueError(f"{path} is empty; a language model needs text to learn from")
+    return text
+
+
+def _line_of(text: str, index: int) -> tuple[int, int]:
+    line = text.count("\n", 0, index) + 1
+    return line, index - (text.rfind("\n", 0, index) + 1) + 1
+
+
+class CharVocabulary:
+    """Characters <-> ids; id i is the i-th character in sorted order.
+
+    Args:
+        symbols: the characters, one per id (each a single character, no duplicates).
+    """
+
+    FILE = "vocabulary.json"
+
+    def __init__(self, symbols: Sequence[str]):
+        symbols = list(symbols)
+        if not symbols:
+            raise ValueError("a character vocabulary needs at least one character")
+        for symbol in symbols:
+            if not isinstance(symbol, str) or len(symbol) != 1:
+                raise ValueError(f"vocabulary symbols must be single characters, got {symbol!r}")
+        if len(set(symbols)) != len(symbols):
+            raise ValueError("vocabulary symbols must be distinct")
+        self.symbols = symbols
+        self.index = {symbol: i for i, symbol in enumerate(symbols)}
+
+    @classmethod
+    def from_text(cls, text: str) -> "CharVocabulary":
+        return cls(sorted(set(text)))
+
+    def __len__(self) -> int:
+        return len(self.symbols)
+
+    def encode(self, text: str, *, source: str = "text") -> list[int]:
+        """Ids of the characters of ``text``.
+
+        Raises:
+            ValueError: a character outside the vocabulary (names ``source``, line and column).
+        """
+        try:
+            return [self.index[char] for char in text]
+        except KeyError as error:
+            char = error.args[0]
+            line, column = _line_of(text, text.index(char))
+            raise ValueError(f"{source}:{line}:{column}: character {char!r} is not in the model's "
+                             f"vocabulary of {len(self)} characters") from None
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.symbols[i] for i in ids)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``vocabulary.json`` into ``directory`` atomically; returns its path."""
+        path = Path(directory) / self.FILE
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump({"kind": "char", "symbols": self.symbols}, handle, ensure_ascii=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "CharVocabulary":
+        path = Path(directory) / cls.FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"vocabulary not found: {path}")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("kind") != "char":
+                raise ValueError(f"unknown vocabulary kind {data.get('kind')!r}")
+            return cls(data["symbols"])
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError,
+                ValueError) as error:
+            raise ValueError(f"{path}: corrupt vocabulary ({error})") from None
+
+
+def split_text(text: str, valid_fraction: float = 0.1) -> tuple[str, str]:
+    """First ``1 - valid_fraction`` of the characters for training, the rest for validation
+    (nanoGPT's split of tiny Shakespeare)."""
+    if not 0.0 < valid_fraction < 1.0:
+        raise ValueError(f"valid_fraction must be in (0, 1), got {valid_fraction!r}")
+    cut = int(len(text) * (1.0 - valid_fraction))
+    return text[:cut], text[cut:]
+
+
+def check_length(ids: Tensor, block_size: int, what: str) -> None:
+    """A split must hold at least one block of inputs plus its shifted targets."""
+    if ids.numel() < block_size + 1:
+        raise ValueError(f"the {what} text has {ids.numel()} tokens, shorter than the context of "
+                         f"{block_size} + 1; give a longer text or a smaller context")
+
+
+def random_blocks(ids: Tensor, *, block_size: int, batch_size: int, batches: int,
+                  generator: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
+    """``batches`` batches of windows at random offsets, nanoGPT's ``get_batch``.
+
+    Yields inputs x (B, T) and targets y (B, T) = x shifted by one token.
+    """
+    check_length(ids, block_size, "training")
+    last_start = ids.numel() - block_size  # exclusive: room for the shifted target
+    steps = torch.arange(block_size)  # (T,)
+    for _ in range(batches):
+        starts = torch.randint(last_start, (batch_size,), generator=generator)  # (B,)
+        index = starts.unsqueeze(1) + steps  # (B, T)
+        yield ids[index], ids[index + 1]
+
+
+def contiguous_blocks(ids: Tensor, *, block_size: int, batch_size: int
+                      ) -> Iterator[tuple[Tensor, Tensor]]:
+    """Every target of ``ids`` exactly once: non-overlapping blocks in order, the last one shorter.
+
+    Yields x (B, T) and y (B, T); a final short block comes alone as (1, T') so nothing is padded.
+    """
+    check_length(ids, block_size, "evaluation")
+    targets = ids.numel() - 1
+    full = targets // block_size
+    inputs = ids[:full * block_size].view(full, block_size)  # (blocks, T)
+    shifted = ids[1:full * block_size + 1].view(full, block_size)  # (blocks, T)
+    for start in range(0, full, batch_size):
+        yield inputs[start:start + batch_size], shifted[start:start + batch_size]
+    rest = targets - full * block_size
+    if rest:
+        begin = full * block_size
+        yield ids[begin:begin + rest].unsqueeze(0), ids[begin + 1:begin + rest + 1].unsqueeze(0)

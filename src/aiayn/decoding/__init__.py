@@ -1,0 +1,1 @@
+"""Decoding: sampling from decoder-only models (``aiayn.decoding.sampling``)."""

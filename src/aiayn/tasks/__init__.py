@@ -1,0 +1,1 @@
+"""Tasks for the training engine (``aiayn.tasks.lm``: decoder-only language modelling)."""
