@@ -57,4 +57,4 @@ class Embeddings(nn.Module):
                      else self.token_types(token_types))
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(x)
+        return self.dropout(x) if self.training and self.dropout.p > 0 else x

@@ -39,4 +39,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, T, F) inside
+        hidden = self.activation(self.linear1(x))  # (B, T, F)
+        if self.training and self.dropout.p > 0:  # no module call when inactive (decoding speed)
+            hidden = self.dropout(hidden)
+        return self.linear2(hidden)

@@ -36,9 +36,9 @@ class KVCache:
         if end > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} positions; writing positions "
                              f"{start}..{end - 1} overflows it (allocate a longer cache)")
-        self.keys[:, :, start:end] = keys
-        self.values[:, :, start:end] = values
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        self.keys.narrow(2, start, end - start).copy_(keys)  # narrow: one view op, no indexing
+        self.values.narrow(2, start, end - start).copy_(values)
+        return self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end)
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B',) in place of the old rows, e.g. surviving beams."""

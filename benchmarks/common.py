@@ -1,0 +1,139 @@
+"""Shared machinery of the side-by-side benchmarks: alternating timing, GEMM peak, peak RSS.
+
+Every benchmark builds aiayn and a peer on identical architectures and inputs (the aiayn model takes the
+peer's weights), then times them *in the same process, alternating* (ours, peer, peer, ours, ...) after a
+warm-up, and reports medians and the ratio ours/peer. Alternation matters on a shared machine: a burst of
+load from another process hits both sides instead of one.
+
+Peak memory is measured separately, one side per subprocess (``python3 benchmarks/NAME.py --memory SIDE``):
+the process builds its side, resets the kernel's high-water mark (``/proc/self/clear_refs``), runs the
+workload and reads ``VmHWM``, so the figure is the resident peak while working, not while building.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+BENCH_DIR = Path(__file__).resolve().parent
+THREADS = int(os.environ.get("AIAYN_BENCH_THREADS", "2"))
+
+
+def setup() -> None:
+    """Same thread settings for every side (they share the process)."""
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+
+
+def gemm_peak_gflops(n: int = 1024, repeats: int = 15) -> float:
+    """Measured fp32 matmul throughput (GFLOP/s) of this machine: the MFU denominator."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    for _ in range(3):
+        torch.mm(a, b, out=out)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        times.append(time.perf_counter() - start)
+    return 2 * n ** 3 / min(times) / 1e9  # best of: the peak, not the typical
+
+
+@dataclass
+class Timing:
+    """Per-side lists of seconds per call, one entry per round."""
+
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+
+    def median(self, side: str) -> float:
+        return statistics.median(self.seconds[side])
+
+
+def alternate(sides: dict[str, Callable[[], object]], *, rounds: int, warmup: int = 2,
+              calls: int = 1, budget_s: float | None = None) -> Timing:
+    """Time each side's callable ``rounds`` times, alternating the order every round.
+
+    Each round calls a side ``calls`` times and records the mean; ``warmup`` untimed calls per side
+    come first. ``budget_s`` stops early (after at least 3 rounds) when the wall clock runs out.
+    """
+    names = list(sides)
+    for name in names:
+        for _ in range(warmup):
+            sides[name]()
+    timing = Timing({name: [] for name in names})
+    began = time.perf_counter()
+    for round_index in range(rounds):
+        order = names if round_index % 2 == 0 else names[::-1]
+        for name in order:
+            gc.collect()
+            start = time.perf_counter()
+            for _ in range(calls):
+                sides[name]()
+            timing.seconds[name].append((time.perf_counter() - start) / calls)
+        if budget_s is not None and round_index >= 2 and time.perf_counter() - began > budget_s:
+            break
+    return timing
+
+
+def peak_rss_here(work: Callable[[], object]) -> int:
+    """Resident-set high-water mark (bytes) of this process while running ``work``."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")  # resets VmHWM to the current RSS
+    except OSError:
+        pass  # not Linux / not permitted: the peak then includes the build phase
+    work()
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def peak_rss_subprocess(script: str, side: str, extra: list[str] | None = None) -> int | None:
+    """Run ``script --memory side`` in a fresh interpreter; its last stdout line is the peak bytes."""
+    command = [sys.executable, str(BENCH_DIR / script), "--memory", side, *(extra or [])]
+    result = subprocess.run(command, capture_output=True, text=True, env=os.environ.copy())
+    if result.returncode != 0:
+        print(f"  [memory {script} {side} failed: {result.stderr.strip().splitlines()[-1:]}]")
+        return None
+    return int(result.stdout.strip().splitlines()[-1])
+
+
+def memory_main(build: Callable[[str], Callable[[], object]], side: str, steps: int) -> None:
+    """Body of ``--memory SIDE``: build one side, run ``steps`` calls, print the peak RSS."""
+    setup()
+    step = build(side)
+    step()  # first call allocates lazily-created state (optimizer moments, caches)
+
+    def work():
+        for _ in range(steps):
+            step()
+
+    print(peak_rss_here(work))
+
+
+def mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2 ** 20:.0f}"
+
+
+def save_results(path: Path, results: dict) -> None:
+    """Atomic JSON write (temp file in the same directory, fsync, rename)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=2)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

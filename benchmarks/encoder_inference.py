@@ -1,0 +1,90 @@
+"""Encoder inference under torch.inference_mode: aiayn TransformerEncoder vs HF BertModel.
+
+all-MiniLM-L6-v2's shapes (d_model 384, 12 heads, d_ff 1536, 6 layers, vocabulary 30522), sequence 128,
+batch 32, random weights copied from the HF model into aiayn. Two inputs: full-length rows (no mask) and
+a padded batch (a quarter of each row is padding) with its attention mask on both sides.
+
+    python3 benchmarks/encoder_inference.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from common import alternate, memory_main, peak_rss_subprocess, setup
+from peers import aiayn_from_hf, hf_bert, matmul_flops_per_token
+
+D_MODEL, HEADS, D_FF, LAYERS, VOCAB, LENGTH, BATCH = 384, 12, 1536, 6, 30522, 128, 32
+
+
+def build_sides(which: list[str], padded: bool = False) -> dict:
+    torch.manual_seed(0)
+    ids = torch.randint(1, VOCAB, (BATCH, LENGTH))
+    mask = None
+    if padded:
+        lengths = torch.randint(LENGTH * 3 // 4, LENGTH + 1, (BATCH,))
+        lengths[0] = LENGTH * 3 // 4
+        mask = torch.arange(LENGTH) < lengths[:, None]  # (B, T) True = real token
+        ids = ids.masked_fill(~mask, 0)
+    hf = hf_bert(d_model=D_MODEL, layers=LAYERS, heads=HEADS, d_ff=D_FF, vocab=VOCAB,
+                 positions=512).eval()
+    sides = {}
+    for name in which:
+        if name == "aiayn":
+            model = aiayn_from_hf(hf).eval()
+
+            def call(model=model):
+                with torch.inference_mode():
+                    return model(ids, padding_mask=mask)
+        else:
+            hf_mask = None if mask is None else mask.long()
+
+            def call(model=hf):
+                with torch.inference_mode():
+                    return model(input_ids=ids, attention_mask=hf_mask).last_hidden_state
+        sides[name] = call
+    return sides
+
+
+def run(*, rounds: int = 8, memory: bool = True) -> list[dict]:
+    setup()
+    rows = []
+    tokens = BATCH * LENGTH
+    flops = matmul_flops_per_token(D_MODEL, LAYERS, D_FF, 0, LENGTH) / 3 * tokens  # forward only
+    for padded in (False, True):
+        sides = build_sides(["aiayn", "hf"], padded)
+        out_ours, out_peer = sides["aiayn"](), sides["hf"]()
+        if not padded:
+            assert (out_ours - out_peer).abs().max() < 1e-3, "aiayn and BERT disagree"
+        timing = alternate(sides, rounds=rounds, warmup=2)
+        rss = ({name: peak_rss_subprocess("encoder_inference.py", name, ["--padded"] if padded else [])
+                for name in ("aiayn", "hf")} if memory else {"aiayn": None, "hf": None})
+        rows.append(dict(benchmark="encoder inference" + (" (padded)" if padded else ""),
+                         shape=f"d{D_MODEL} L{LAYERS} T{LENGTH} B{BATCH}", ours="aiayn", peer="hf-bert",
+                         metric="tokens/s", ours_value=tokens / timing.median("aiayn"),
+                         peer_value=tokens / timing.median("hf"),
+                         ours_gflops=flops / timing.median("aiayn") / 1e9,
+                         peer_gflops=flops / timing.median("hf") / 1e9,
+                         ours_rss=rss["aiayn"], peer_rss=rss["hf"]))
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--memory", metavar="SIDE")
+    parser.add_argument("--padded", action="store_true")
+    args = parser.parse_args(argv)
+    if args.memory:
+        memory_main(lambda side: build_sides([side], args.padded)[side], args.memory, steps=3)
+        return
+    for row in run(rounds=args.rounds):
+        print(f"{row['benchmark']:<28} {row['ours_value']:8.0f} vs {row['peer_value']:8.0f} tokens/s"
+              f"  ratio {row['ours_value'] / row['peer_value']:.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,163 @@
+"""Generation on the KV cache: aiayn vs HF ``generate``.
+
+- greedy, decoder-only (the GPT-2 of lm_train.py: d_model 256, 4 layers, vocabulary 8192), prompt 16,
+  256 new tokens, batch 1 and 8: new tokens/s; the token sequences must be identical;
+- beam search (4 beams) on the encoder-decoder (the Marian of seq2seq_train.py), batch 4 sources of 32
+  tokens, 32 new tokens, no end-of-sentence (fixed length on both sides): new tokens/s per source.
+
+The aiayn side is ``aiayn.decoding`` when that package provides the function, else the plain loop over
+the static cache written below (``greedy_loop`` / ``beam_loop``).
+
+    python3 benchmarks/generation.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from common import alternate, memory_main, peak_rss_subprocess, setup
+from peers import aiayn_from_hf, hf_gpt2, hf_marian
+
+PROMPT, NEW = 16, 256
+SOURCE, BEAM_NEW, BEAM_BATCH, BEAMS = 32, 32, 4, 4
+
+
+@torch.inference_mode()
+def greedy_loop(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy decoding over a static cache: no per-step allocation beyond the step's activations,
+    no host sync (the next token stays a tensor)."""
+    batch, length = prompt.shape
+    out = torch.empty(batch, length + new_tokens, dtype=prompt.dtype)
+    out[:, :length] = prompt
+    cache = model.new_cache(batch, length + new_tokens)
+    logits = model(prompt, cache=cache)[:, -1]  # (B, V)
+    for position in range(length, length + new_tokens):
+        token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        out[:, position: position + 1] = token
+        if position + 1 < length + new_tokens:
+            logits = model(token, cache=cache)[:, -1]
+    return out
+
+
+@torch.inference_mode()
+def beam_loop(model, src: torch.Tensor, beams: int, new_tokens: int) -> torch.Tensor:
+    """Fixed-length beam search (no EOS): the best of ``beams`` hypotheses per source, (B, 1 + new)."""
+    batch = src.shape[0]
+    config = model.config
+    memory = model.encode(src)  # (B, S, D)
+    memory = memory.repeat_interleave(beams, dim=0)  # (B*K, S, D)
+    cache = model.new_cache(batch * beams, new_tokens + 1)
+    tokens = torch.full((batch * beams, 1), config.decoder_start_id, dtype=torch.long)
+    scores = torch.zeros(batch, beams)
+    scores[:, 1:] = float("-inf")  # all beams start identical: keep one
+    history = torch.empty(batch * beams, new_tokens + 1, dtype=torch.long)
+    history[:, 0] = config.decoder_start_id
+    offsets = (torch.arange(batch) * beams)[:, None]  # (B, 1)
+    for step in range(new_tokens):
+        logits = model.decode(tokens, memory if step == 0 else None, cache=cache)[:, -1]
+        log_probs = logits.float().log_softmax(dim=-1)  # (B*K, V)
+        vocab = log_probs.shape[-1]
+        candidates = (scores.view(-1, 1) + log_probs).view(batch, beams * vocab)
+        scores, flat = candidates.topk(beams, dim=-1)  # (B, K)
+        origin = (flat // vocab + offsets).view(-1)  # (B*K,) rows that survive
+        tokens = (flat % vocab).view(-1, 1)
+        history = history.index_select(0, origin)
+        history[:, step + 1] = tokens[:, 0]
+        cache.reorder(origin)
+    best = scores.argmax(dim=-1) + offsets[:, 0]
+    return history.index_select(0, best)
+
+
+def _library_greedy():
+    try:
+        from aiayn.decoding.sampling import generate  # helper `lm`'s implementation, when merged
+    except ImportError:
+        return None
+    return generate
+
+
+def build_greedy(which: list[str], batch: int) -> dict:
+    torch.manual_seed(0)
+    hf = hf_gpt2(d_model=256, layers=4, heads=4, vocab=8192, positions=512).eval()
+    prompt = torch.randint(1, 8192, (batch, PROMPT))
+    sides = {}
+    for name in which:
+        if name == "aiayn":
+            model = aiayn_from_hf(hf).eval()
+            sides[name] = lambda model=model: greedy_loop(model, prompt, NEW)
+        else:
+            sides[name] = lambda: hf.generate(
+                prompt, attention_mask=torch.ones_like(prompt), do_sample=False, num_beams=1,
+                max_new_tokens=NEW, min_new_tokens=NEW, pad_token_id=0, eos_token_id=None)
+    return sides
+
+
+def build_beam(which: list[str]) -> dict:
+    torch.manual_seed(0)
+    hf = hf_marian(d_model=256, layers=3, heads=4, d_ff=1024, vocab=8192, positions=512).eval()
+    src = torch.randint(3, 8192, (BEAM_BATCH, SOURCE))
+    sides = {}
+    for name in which:
+        if name == "aiayn":
+            model = aiayn_from_hf(hf).eval()
+            sides[name] = lambda model=model: beam_loop(model, src, BEAMS, BEAM_NEW)
+        else:
+            sides[name] = lambda: hf.generate(
+                src, attention_mask=torch.ones_like(src), num_beams=BEAMS, do_sample=False,
+                max_new_tokens=BEAM_NEW, min_new_tokens=BEAM_NEW, eos_token_id=None,
+                forced_eos_token_id=None, length_penalty=1.0, early_stopping=False,
+                bad_words_ids=None, pad_token_id=0)
+    return sides
+
+
+def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
+    setup()
+    rows = []
+    for batch in (1, 8):
+        sides = build_greedy(["aiayn", "hf"], batch)
+        same = torch.equal(sides["aiayn"](), sides["hf"]())
+        timing = alternate(sides, rounds=rounds, warmup=1)
+        rss = ({name: peak_rss_subprocess("generation.py", name, ["--greedy-batch", str(batch)])
+                for name in ("aiayn", "hf")} if memory else {"aiayn": None, "hf": None})
+        rows.append(dict(benchmark=f"greedy generation, batch {batch}",
+                         shape=f"d256 L4 V8192 prompt {PROMPT} +{NEW}", ours="aiayn", peer="hf-gpt2",
+                         metric="new tokens/s", ours_value=batch * NEW / timing.median("aiayn"),
+                         peer_value=batch * NEW / timing.median("hf"), same_tokens=same,
+                         ours_rss=rss["aiayn"], peer_rss=rss["hf"]))
+    sides = build_beam(["aiayn", "hf"])
+    same = torch.equal(sides["aiayn"](), sides["hf"]()[:, : BEAM_NEW + 1])
+    timing = alternate(sides, rounds=rounds, warmup=1)
+    rss = ({name: peak_rss_subprocess("generation.py", name, ["--beam"]) for name in ("aiayn", "hf")}
+           if memory else {"aiayn": None, "hf": None})
+    rows.append(dict(benchmark=f"beam search ({BEAMS} beams)",
+                     shape=f"marian d256 3+3 V8192 B{BEAM_BATCH} S{SOURCE} +{BEAM_NEW}",
+                     ours="aiayn", peer="hf-marian", metric="new tokens/s",
+                     ours_value=BEAM_BATCH * BEAM_NEW / timing.median("aiayn"),
+                     peer_value=BEAM_BATCH * BEAM_NEW / timing.median("hf"), same_tokens=same,
+                     ours_rss=rss["aiayn"], peer_rss=rss["hf"]))
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--memory", metavar="SIDE")
+    parser.add_argument("--greedy-batch", type=int)
+    parser.add_argument("--beam", action="store_true")
+    args = parser.parse_args(argv)
+    if args.memory:
+        build = (lambda side: build_beam([side])[side]) if args.beam else \
+            (lambda side: build_greedy([side], args.greedy_batch)[side])
+        memory_main(build, args.memory, steps=1)
+        return
+    for row in run(rounds=args.rounds):
+        print(f"{row['benchmark']:<28} {row['ours_value']:8.0f} vs {row['peer_value']:8.0f} "
+              f"new tokens/s  ratio {row['ours_value'] / row['peer_value']:.3f}  "
+              f"same tokens: {row['same_tokens']}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

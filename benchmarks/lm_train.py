@@ -1,0 +1,119 @@
+"""Training step (forward + backward + AdamW) of a decoder-only LM: aiayn vs HF GPT-2 vs nanoGPT-style.
+
+aiayn's ``CausalLM`` is built from the HF ``GPT2LMHeadModel``'s weights (same architecture by
+construction); the nanoGPT-style model is the same architecture written minimally on SDPA. All sides
+compute the same loss (cross-entropy on the logits) with the same optimizer settings in one process.
+
+    python3 benchmarks/lm_train.py [--d-model 256] [--compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from common import alternate, memory_main, peak_rss_subprocess, setup
+from peers import NanoGPT, aiayn_from_hf, hf_gpt2, matmul_flops_per_token
+
+LAYERS, LENGTH, BATCH, VOCAB = 4, 256, 8, 8192
+
+
+def shapes(d_model: int) -> dict:
+    return dict(d_model=d_model, layers=LAYERS, heads=d_model // 64, vocab=VOCAB, positions=LENGTH)
+
+
+def make_step(model, logits_of, ids, targets):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        logits = logits_of(model, ids)
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def build_sides(d_model: int, which: list[str], compile_ours: bool = False) -> dict:
+    """side name -> step callable; the aiayn model takes the HF model's weights."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, VOCAB, (BATCH, LENGTH + 1))
+    inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    hf = hf_gpt2(**shapes(d_model)).train()
+    sides = {}
+    for name in which:
+        if name.startswith("aiayn"):
+            model = aiayn_from_hf(hf).train()
+            if name == "aiayn+compile":
+                model = torch.compile(model)
+            sides[name] = make_step(model, lambda m, x: m(x), inputs, targets)
+        elif name == "hf":
+            sides[name] = make_step(hf, lambda m, x: m(input_ids=x).logits, inputs, targets)
+        elif name == "nanogpt":
+            model = NanoGPT(**shapes(d_model)).train()
+            sides[name] = make_step(model, lambda m, x: m(x), inputs, targets)
+    return sides
+
+
+def run(d_model: int = 256, *, compile_ours: bool = False, rounds: int = 8,
+        memory: bool = True) -> list[dict]:
+    setup()
+    names = ["aiayn", "hf", "nanogpt"]
+    sides = build_sides(d_model, names)
+    compile_s = None
+    if compile_ours:
+        sides.update(build_sides(d_model, ["aiayn+compile"]))
+        start = time.perf_counter()
+        sides["aiayn+compile"]()  # first call compiles forward and backward
+        sides["aiayn+compile"]()
+        compile_s = time.perf_counter() - start
+    timing = alternate(sides, rounds=rounds, warmup=2)
+    tokens = BATCH * LENGTH
+    flops = matmul_flops_per_token(d_model, LAYERS, 4 * d_model, VOCAB, LENGTH) * tokens
+    result = {name: {"tokens_per_s": tokens / timing.median(name),
+                     "gflops": flops / timing.median(name) / 1e9,
+                     "seconds": timing.seconds[name]} for name in sides}
+    if compile_s is not None:
+        result["aiayn+compile"]["compile_s"] = compile_s
+    if memory:
+        for name in ("aiayn", "hf", "nanogpt"):
+            result[name]["peak_rss"] = peak_rss_subprocess("lm_train.py", name,
+                                                           ["--d-model", str(d_model)])
+    rows = []
+    shape = f"d{d_model} L{LAYERS} T{LENGTH} B{BATCH} V{VOCAB}"
+    ours_names = ["aiayn"] + (["aiayn+compile"] if compile_ours else [])
+    for ours in ours_names:
+        for peer in ("hf", "nanogpt"):
+            rows.append(dict(benchmark="lm train step", shape=shape, ours=ours, peer=peer,
+                             metric="tokens/s", ours_value=result[ours]["tokens_per_s"],
+                             peer_value=result[peer]["tokens_per_s"],
+                             ours_gflops=result[ours]["gflops"], peer_gflops=result[peer]["gflops"],
+                             ours_rss=result[ours].get("peak_rss", result["aiayn"].get("peak_rss")),
+                             peer_rss=result[peer].get("peak_rss"),
+                             compile_s=result[ours].get("compile_s")))
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--memory", metavar="SIDE")
+    args = parser.parse_args(argv)
+    if args.memory:
+        memory_main(lambda side: build_sides(args.d_model, [side])[side], args.memory, steps=3)
+        return
+    for row in run(args.d_model, compile_ours=args.compile, rounds=args.rounds):
+        print(f"{row['ours']:>14} vs {row['peer']:<8} {row['ours_value']:8.0f} vs "
+              f"{row['peer_value']:8.0f} tokens/s  ratio {row['ours_value'] / row['peer_value']:.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

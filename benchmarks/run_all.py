@@ -1,0 +1,110 @@
+"""Run every side-by-side benchmark; print one table; write benchmarks/results.json.
+
+    python3 benchmarks/run_all.py            # the whole suite (about 8 minutes on an idle 2-core CPU)
+    python3 benchmarks/run_all.py --quick    # fewer rounds, no peak-memory subprocesses
+    python3 benchmarks/run_all.py --only lm_train generation --compile --d-model 256 512
+
+Each row: the median throughput of aiayn and of the peer, measured alternately in one process, their
+ratio (ours/peer, > 1 means aiayn is faster), GFLOP/s and MFU against the fp32 GEMM peak measured at the
+start of the same run, and the peak resident memory of each side measured in its own subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import BENCH_DIR, THREADS, gemm_peak_gflops, mib, save_results, setup  # noqa: E402
+
+SUITES = ("lm_train", "seq2seq_train", "generation", "encoder_inference")
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def table(rows: list[dict], peak: float) -> str:
+    header = (f"{'benchmark':<32} {'ours':<16} {'peer':<10} {'ours':>9} {'peer':>9} {'ratio':>6} "
+              f"{'MFU ours':>8} {'MFU peer':>8} {'RSS MiB ours/peer':>18}")
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        ratio = row["ours_value"] / row["peer_value"]
+        mfu = (f"{100 * row['ours_gflops'] / peak:7.0f}% {100 * row['peer_gflops'] / peak:7.0f}%"
+               if row.get("ours_gflops") else f"{'':>8} {'':>8}")
+        rss = f"{mib(row.get('ours_rss'))}/{mib(row.get('peer_rss'))}"
+        lines.append(f"{row['benchmark']:<32} {row['ours']:<16} {row['peer']:<10} "
+                     f"{row['ours_value']:9.0f} {row['peer_value']:9.0f} {ratio:6.2f} {mfu} {rss:>18}")
+        if row.get("compile_s"):
+            lines.append(f"{'':<32} (torch.compile time {row['compile_s']:.0f} s)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description="aiayn vs peers, side by side")
+    parser.add_argument("--only", nargs="+", choices=SUITES, default=list(SUITES))
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, no memory subprocesses")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd aiayn (LM)")
+    parser.add_argument("--d-model", type=int, nargs="+", default=[256], help="LM widths")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "results.json")
+    args = parser.parse_args(argv)
+    setup()
+    began = time.perf_counter()
+    load_before = os.getloadavg()
+    peak = gemm_peak_gflops()
+    print(f"fp32 GEMM peak (1024^3 matmul, best of 15): {peak:.1f} GFLOP/s; threads {THREADS}; "
+          f"load average {load_before[0]:.2f}", flush=True)
+    memory = not args.quick
+    rows: list[dict] = []
+    if "lm_train" in args.only:
+        import lm_train
+
+        for d_model in args.d_model:
+            rows += lm_train.run(d_model, compile_ours=args.compile, rounds=3 if args.quick else 6,
+                                 memory=memory)
+            print(table(rows, peak), flush=True)
+    if "seq2seq_train" in args.only:
+        import seq2seq_train
+
+        rows += seq2seq_train.run(rounds=3 if args.quick else 5, memory=memory)
+        print(table(rows, peak), flush=True)
+    if "generation" in args.only:
+        import generation
+
+        rows += generation.run(rounds=3 if args.quick else 5, memory=memory)
+        print(table(rows, peak), flush=True)
+    if "encoder_inference" in args.only:
+        import encoder_inference
+
+        rows += encoder_inference.run(rounds=3 if args.quick else 6, memory=memory)
+    elapsed = time.perf_counter() - began
+    print()
+    print(table(rows, peak))
+    load_after = os.getloadavg()
+    print(f"\n{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {THREADS} threads; "
+          f"{elapsed:.0f} s; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    for row in rows:
+        row["ratio"] = row["ours_value"] / row["peer_value"]
+    save_results(args.out, dict(
+        command="python3 benchmarks/run_all.py " + " ".join(argv), machine=cpu_name(),
+        cores=os.cpu_count(), threads=THREADS, torch=torch.__version__,
+        gemm_peak_gflops=peak, seconds=elapsed, load_average_before=load_before[0],
+        load_average_after=load_after[0], rows=rows))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

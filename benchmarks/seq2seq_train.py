@@ -1,0 +1,131 @@
+"""Training step of an encoder-decoder: aiayn Transformer vs torch.nn.Transformer vs HF MarianMTModel.
+
+The paper's base shapes scaled down (d_model 256, 4 heads, d_ff 1024, 3+3 layers, source and target 64,
+batch 16). Each aiayn model takes its peer's weights: ``load_torch_transformer`` for torch.nn (plus the
+shared embedding), the interop name map for Marian. Full-length batches (no padding) on every side.
+
+    python3 benchmarks/seq2seq_train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from common import alternate, memory_main, peak_rss_subprocess, setup
+from peers import aiayn_from_hf, hf_marian, matmul_flops_per_token, sinusoid
+
+from aiayn import Transformer
+from aiayn.interop.torch_nn import config_from_torch, load_torch_transformer
+
+D_MODEL, HEADS, D_FF, LAYERS, LENGTH, BATCH, VOCAB = 256, 4, 1024, 3, 64, 16, 8192
+
+
+class TorchSeq2Seq(nn.Module):
+    """What a torch user writes: shared embedding * sqrt(D) + sinusoid, nn.Transformer, tied generator."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, D_MODEL)
+        self.register_buffer("positions", sinusoid(512, D_MODEL), persistent=False)
+        self.transformer = nn.Transformer(D_MODEL, HEADS, LAYERS, LAYERS, D_FF, dropout=0.0,
+                                          batch_first=True)
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.embedding(ids) * math.sqrt(D_MODEL) + self.positions[: ids.shape[1]]
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        hidden = self.transformer(self.embed(src), self.embed(tgt), tgt_mask=causal,
+                                  tgt_is_causal=True)
+        return F.linear(hidden, self.embedding.weight)  # (B, T, V)
+
+
+def aiayn_from_torch(peer: TorchSeq2Seq) -> Transformer:
+    config = config_from_torch(peer.transformer, vocab_size=VOCAB, sinusoid_layout="split",
+                               max_length=512, dropout=0.0)
+    model = Transformer(config)
+    load_torch_transformer(peer.transformer, model)
+    with torch.no_grad():
+        model.encoder.embeddings.tokens.weight.copy_(peer.embedding.weight)  # shared and tied
+    return model
+
+
+def build_sides(which: list[str]) -> dict:
+    torch.manual_seed(0)
+    src = torch.randint(3, VOCAB, (BATCH, LENGTH))
+    tgt = torch.randint(3, VOCAB, (BATCH, LENGTH + 1))
+    tgt_in, tgt_out = tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
+    peers = {}
+    sides = {}
+    for name in which:
+        if name in ("torch.nn", "aiayn<-torch.nn"):
+            peer = peers.setdefault("torch", TorchSeq2Seq().train())
+            model = peer if name == "torch.nn" else aiayn_from_torch(peer).train()
+            sides[name] = _step(model, lambda m: m(src, tgt_in), tgt_out)
+        elif name in ("marian", "aiayn<-marian"):
+            peer = peers.setdefault("marian", hf_marian(
+                d_model=D_MODEL, layers=LAYERS, heads=HEADS, d_ff=D_FF, vocab=VOCAB,
+                positions=512).train())
+            if name == "marian":
+                sides[name] = _step(peer, lambda m: m(input_ids=src, decoder_input_ids=tgt_in).logits,
+                                    tgt_out)
+            else:
+                sides[name] = _step(aiayn_from_hf(peer).train(), lambda m: m(src, tgt_in), tgt_out)
+    return sides
+
+
+def _step(model, logits_of, targets):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        logits = logits_of(model)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def run(*, rounds: int = 6, memory: bool = True) -> list[dict]:
+    setup()
+    names = ["aiayn<-torch.nn", "torch.nn", "aiayn<-marian", "marian"]
+    timing = alternate(build_sides(names), rounds=rounds, warmup=2)
+    tokens = BATCH * LENGTH  # target tokens per step (the unit of the paper's batches)
+    flops = (matmul_flops_per_token(D_MODEL, LAYERS, D_FF, 0, LENGTH)
+             + matmul_flops_per_token(D_MODEL, LAYERS, D_FF, VOCAB, LENGTH, cross=True)) * tokens
+    rss = {name: peak_rss_subprocess("seq2seq_train.py", name) if memory else None for name in names}
+    rows = []
+    for ours, peer in (("aiayn<-torch.nn", "torch.nn"), ("aiayn<-marian", "marian")):
+        rows.append(dict(benchmark="enc-dec train step",
+                         shape=f"d{D_MODEL} {LAYERS}+{LAYERS} S=T{LENGTH} B{BATCH} V{VOCAB}",
+                         ours=ours, peer=peer, metric="target tokens/s",
+                         ours_value=tokens / timing.median(ours), peer_value=tokens / timing.median(peer),
+                         ours_gflops=flops / timing.median(ours) / 1e9,
+                         peer_gflops=flops / timing.median(peer) / 1e9,
+                         ours_rss=rss[ours], peer_rss=rss[peer]))
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--memory", metavar="SIDE")
+    args = parser.parse_args(argv)
+    if args.memory:
+        memory_main(lambda side: build_sides([side])[side], args.memory, steps=3)
+        return
+    for row in run(rounds=args.rounds):
+        print(f"{row['ours']:>16} vs {row['peer']:<9} {row['ours_value']:8.0f} vs "
+              f"{row['peer_value']:8.0f} tokens/s  ratio {row['ours_value'] / row['peer_value']:.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
