@@ -194,8 +194,13 @@ class Parallel:
             if compile:
                 module.compile()
             ids = [self.device.index] if self.device.type == "cuda" else None
-            # The only buffers are deterministic tables (positions): no per-forward broadcast.
-            self.model = DistributedDataParallel(module, device_ids=ids, broadcast_buffers=False)
+            # The only buffers are deterministic tables (positions): no per-forward broadcast
+            # (the keyword was renamed in torch 2.13).
+            import inspect
+
+            keyword = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(
+                DistributedDataParallel.__init__).parameters else "broadcast_buffers"
+            self.model = DistributedDataParallel(module, device_ids=ids, **{keyword: False})
         else:
             if compile:
                 module.compile()
