@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 from types import ModuleType
 from typing import Any
 
@@ -94,6 +95,16 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--clip-norm", type=float, default=None, help="gradient norm clipping")
     group.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
     group.add_argument("--nonfinite", choices=("skip", "raise"), default="skip")
+    group = parser.add_argument_group(
+        "distributed and memory", "launch with torchrun --nproc-per-node N -m aiayn train ... "
+        "(docs/distributed.md); --accumulation is per process")
+    group.add_argument("--distributed", choices=("ddp", "fsdp"), default="ddp",
+                       help="under torchrun: replicate (DDP) or shard (FSDP2) the model")
+    group.add_argument("--dist-timeout", type=float, default=1800.0, metavar="SECONDS",
+                       help="how long a rank waits for a missing peer before failing")
+    group.add_argument("--activation-checkpointing", action="store_true",
+                       help="recompute layer activations in the backward pass (less memory)")
+    group.add_argument("--compile", action="store_true", help="torch.compile the model")
     group = parser.add_argument_group("evaluation and checkpoints")
     group.add_argument("--eval-every", type=int, default=1000)
     group.add_argument("--save-every", type=int, default=1000)
@@ -141,14 +152,25 @@ def training_config_from_args(args: argparse.Namespace, d_model: int):
         save_every=args.save_every, log_every=args.log_every, keep_last=args.keep_last,
         average_last=args.average_last, best_metric=best, best_mode=args.best_mode,
         seed=args.seed, nonfinite=args.nonfinite, progress=not args.no_progress,
-        device=args.device)
+        device=args.device, distributed=args.distributed,
+        activation_checkpointing=args.activation_checkpointing, compile=args.compile)
 
 
 def run(args: argparse.Namespace) -> int:
+    from aiayn.training.distributed import process_group_from_env
+
+    # Under torchrun: join the process group (and leave it even when training fails).
+    with process_group_from_env(device=args.device, timeout_s=args.dist_timeout) as device:
+        args.device = device
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.config import TransformerConfig
     from aiayn.training import train
+    from aiayn.training.distributed import world_size_from_env
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -161,5 +183,6 @@ def run(args: argparse.Namespace) -> int:
     model = task.build_model(model_config)
     metrics = train(model, task, training, args.out, model_config=model_config,
                     resume=not args.no_resume)
-    print(json.dumps({"task": args.task, "run_dir": str(args.out), **metrics}))
+    if world_size_from_env() <= 1 or os.environ.get("RANK", "0") == "0":  # rank 0 reports
+        print(json.dumps({"task": args.task, "run_dir": str(args.out), **metrics}))
     return 0

@@ -15,7 +15,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -186,10 +186,13 @@ def restore_rng(tensors: Mapping[str, Tensor], meta: Mapping[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def optimizer_to_tensors(optimizer: torch.optim.Optimizer
+def optimizer_to_tensors(optimizer: torch.optim.Optimizer, *,
+                         state_dict: Mapping[str, Any] | None = None
                          ) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Split an optimizer state_dict into safetensors-able tensors and JSON."""
-    state_dict = optimizer.state_dict()
+    """Split an optimizer state_dict (default: ``optimizer.state_dict()``; a distributed run
+    passes the full one gathered from the shards) into safetensors-able tensors and JSON."""
+    if state_dict is None:
+        state_dict = optimizer.state_dict()
     tensors: dict[str, Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for index, slots in state_dict["state"].items():
@@ -204,7 +207,10 @@ def optimizer_to_tensors(optimizer: torch.optim.Optimizer
 
 
 def optimizer_from_tensors(optimizer: torch.optim.Optimizer, tensors: Mapping[str, Tensor],
-                           meta: Mapping[str, Any]) -> None:
+                           meta: Mapping[str, Any], *,
+                           load: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Rebuild the state_dict written by ``optimizer_to_tensors`` and load it (``load``: how, e.g.
+    into FSDP-sharded parameters; default ``optimizer.load_state_dict``)."""
     state: dict[int, dict[str, Any]] = {}
     for key, value in tensors.items():
         if key.startswith("optimizer/"):
@@ -214,7 +220,7 @@ def optimizer_from_tensors(optimizer: torch.optim.Optimizer, tensors: Mapping[st
         state.setdefault(int(index), {}).update(slots)
     groups = [{key: (tuple(value) if key == "betas" else value) for key, value in group.items()}
               for group in meta["param_groups"]]
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    (load or optimizer.load_state_dict)({"state": state, "param_groups": groups})
 
 
 def write_checkpoint(directory: str | Path, step: int, model: nn.Module,

@@ -16,7 +16,6 @@ norm each step to decide whether to apply the update (free on CPU; use "raise" t
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
@@ -29,6 +28,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from aiayn.training import distributed
 from aiayn.training.checkpoint import (
     atomic_write_json, average_checkpoints, assign_weights, capture_rng, list_checkpoints,
     load_weights, optimizer_from_tensors, optimizer_to_tensors, read_checkpoint, restore_rng,
@@ -64,6 +64,11 @@ class TrainingConfig:
         nonfinite: "skip" (drop an update whose gradient is inf/NaN, count it) or "raise".
         progress: show a tqdm progress bar.
         device: "cpu", "cuda", ... (None: cuda if available).
+        distributed: under torchrun (an initialised process group with 2+ ranks), "ddp"
+            (DistributedDataParallel) or "fsdp" (FSDP2 fully_shard); see training/distributed.py.
+            ``accumulation`` is per rank: the global batch is the task's batch x accumulation x ranks.
+        activation_checkpointing: recompute each layer's activations in the backward pass.
+        compile: ``torch.compile`` the model (in place; names and checkpoints are unchanged).
     """
 
     steps: int = 100_000
@@ -87,6 +92,9 @@ class TrainingConfig:
     nonfinite: Literal["skip", "raise"] = "skip"
     progress: bool = True
     device: str | None = None
+    distributed: Literal["ddp", "fsdp"] = "ddp"
+    activation_checkpointing: bool = False
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.schedule, dict):
@@ -116,6 +124,9 @@ class TrainingConfig:
             raise ValueError(f"best_mode must be 'min' or 'max', got {self.best_mode!r}")
         if self.nonfinite not in ("skip", "raise"):
             raise ValueError(f"nonfinite must be 'skip' or 'raise', got {self.nonfinite!r}")
+        if self.distributed not in distributed.STRATEGIES:
+            raise ValueError(f"distributed must be one of {distributed.STRATEGIES}, got "
+                             f"{self.distributed!r}")
         if self.keep_last and self.average_last > self.keep_last:
             raise ValueError(f"average_last ({self.average_last}) needs keep_last >= it, got "
                              f"keep_last={self.keep_last}")
@@ -276,12 +287,31 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     model.to(device)
     model.train()
     main = _is_main_process()
+    parallel = distributed.Parallel(config.distributed, device)
+    if parallel.strategy == "fsdp" and config.average_last:
+        raise ValueError("average_last is not supported with distributed='fsdp' (it evaluates the "
+                         "averaged weights on rank 0 alone); average the checkpoints afterwards")
+    # Every rank must train the same thing from the same place: compare digests before any write.
+    parallel.check_agreement({
+        "training config": {key: value for key, value in config.to_dict().items()
+                            if key not in ("device", "progress")},
+        "model config": model_config.to_dict(), "task": task.name,
+        "training data": distributed.data_fingerprint(task),
+        "initial weights": distributed.parameter_fingerprint(model),
+        "checkpoint to resume": (checkpoints[-1] / "trainer_state.json").read_bytes()
+        if checkpoints else None})
+    if checkpoints:  # weights go in before FSDP shards them
+        tensors, meta, weights = read_checkpoint(checkpoints[-1])
+        load_weights(model, weights)
+    plain_model = model
+    model = parallel.wrap(model, activation_checkpointing=config.activation_checkpointing,
+                          compile=config.compile)
 
     if main:
         assets = task.save_assets(run_dir) or {}
         _write_run_info(run_dir, {
             "format_version": FORMAT_VERSION, "task": task.name,
-            "task_class": qualified_name(task), "model_class": qualified_name(model),
+            "task_class": qualified_name(task), "model_class": qualified_name(plain_model),
             "model_config": model_config.to_dict(), "training_config": config.to_dict(),
             "assets": assets})
 
@@ -300,11 +330,15 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     best: float | None = None
     skipped = 0
     units_total = 0
+    if parallel.rank:  # other dropout masks than rank 0's (rank 0 keeps the 1-process stream)
+        torch.manual_seed(distributed.rank_seed(config.seed, parallel.rank, 0))
     if checkpoints:
-        tensors, meta, weights = read_checkpoint(checkpoints[-1])
-        load_weights(model, weights)
-        optimizer_from_tensors(optimizer, tensors, meta["optimizer"])
+        optimizer_from_tensors(optimizer, tensors, meta["optimizer"],
+                               load=lambda state: parallel.load_optimizer_state_dict(optimizer,
+                                                                                     state))
         restore_rng(tensors, meta["rng"])
+        if parallel.rank:
+            torch.manual_seed(distributed.rank_seed(config.seed, parallel.rank, meta["step"]))
         if scaler is not None and meta.get("scaler"):
             scaler.load_state_dict(meta["scaler"])
         step, epoch, batch_index = meta["step"], meta["epoch"], meta["batch_index"]
@@ -313,22 +347,24 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     batches = _Batches(task, epoch, batch_index)
 
     def save_checkpoint() -> None:
+        full_model = parallel.full_model()  # collectives under FSDP: every rank gets here
+        optimizer_state = parallel.optimizer_state_dict(optimizer)
         if not main:
             return
-        opt_tensors, opt_meta = optimizer_to_tensors(optimizer)
+        opt_tensors, opt_meta = optimizer_to_tensors(optimizer, state_dict=optimizer_state)
         rng_tensors, rng_meta = capture_rng()
         meta = {"format_version": FORMAT_VERSION, "epoch": batches.epoch,
                 "batch_index": batches.index, "optimizer": opt_meta, "rng": rng_meta,
                 "best": best, "skipped": skipped, "units": units_total,
                 "scaler": scaler.state_dict() if scaler is not None else None}
-        write_checkpoint(checkpoint_dir, step, model, {**opt_tensors, **rng_tensors}, meta)
+        write_checkpoint(checkpoint_dir, step, full_model, {**opt_tensors, **rng_tensors}, meta)
         if config.keep_last:
             for old in list_checkpoints(checkpoint_dir)[:-config.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
 
     def run_evaluation() -> dict[str, float]:
         nonlocal best
-        metrics = _evaluate(model, task)
+        metrics = _evaluate(parallel.eval_model, task)
         log.write({"step": step, "split": "valid", **metrics})
         metric = config.best_metric
         if metric is not None:
@@ -337,8 +373,9 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
                                  f"{sorted(metrics)}")
             if _better(metrics[metric], best, config.best_mode):
                 best = metrics[metric]
+                full_model = parallel.full_model()  # every rank: the metrics are the same
                 if main:
-                    _publish_weights(run_dir, model, f"best@{step}", metrics)
+                    _publish_weights(run_dir, full_model, f"best@{step}", metrics)
         return metrics
 
     progress = None
@@ -355,19 +392,19 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     window_units = 0
     window_start = time.perf_counter()
     grad_norm = torch.zeros((), device=device)
-    no_sync = getattr(model, "no_sync", None)  # DistributedDataParallel
     while step < config.steps:
-        micro = [batches.next() for _ in range(config.accumulation)]
-        units = sum(task.count(batch) for batch in micro)
+        micro = parallel.step_batches(batches, config.accumulation)  # this rank's share
+        units = parallel.global_count(sum(task.count(batch) for batch in micro))
         if units <= 0:
             raise ValueError(f"step {step + 1}: the accumulated batches hold no loss units")
         for index, batch in enumerate(micro):
-            sync = no_sync is None or index == len(micro) - 1
-            with (contextlib.nullcontext() if sync else no_sync()), \
+            with parallel.gradient_sync(index == len(micro) - 1), \
                     torch.autocast(device.type, dtype=autocast_dtype,
                                    enabled=autocast_dtype is not None):
                 loss = task.loss(model, batch)
-            scaled = loss.float() / units  # normalise by the true unit count of the whole step
+            # Normalise by the true unit count of the whole (global) step; gradient_scale undoes
+            # the DDP/FSDP average over ranks.
+            scaled = loss.float() * parallel.gradient_scale / units
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
             window_loss += loss.detach().double()
         window_units += units
@@ -378,12 +415,9 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
             group["lr"] = lr
         if scaler is not None:
             scaler.unscale_(optimizer)
-        if config.clip_norm is not None:
-            grad_norm = nn.utils.clip_grad_norm_(parameters, config.clip_norm)
-        elif config.nonfinite == "skip" or step % config.log_every == 0:
-            grad_norm = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(p.grad) for p in parameters
-                             if p.grad is not None]))
+        if config.clip_norm is not None or config.nonfinite == "skip" \
+                or step % config.log_every == 0:
+            grad_norm = parallel.grad_norm(parameters, config.clip_norm)
         if scaler is not None:
             scaler.step(optimizer)  # skips the update itself on inf/NaN and lowers the scale
             scaler.update()
@@ -394,7 +428,7 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
         optimizer.zero_grad(set_to_none=True)
 
         if step % config.log_every == 0 or step == config.steps:
-            mean_loss = window_loss.item() / max(window_units, 1)
+            mean_loss = parallel.sum(window_loss).item() / max(window_units, 1)
             if config.nonfinite == "raise" and not math.isfinite(mean_loss):
                 raise ValueError(f"non-finite training loss ({mean_loss}) between steps "
                                  f"{step - config.log_every + 1} and {step}")
@@ -427,24 +461,26 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
 
     if last_eval_step != step:
         metrics = run_evaluation()
-    if last_save_step != step and not (checkpoint_dir / f"step-{step}").is_dir():
+    if last_save_step != step and not parallel.agree((checkpoint_dir / f"step-{step}").is_dir()):
         save_checkpoint()
+    final_model = parallel.full_model()  # the plain module; gathered to rank 0 under FSDP
     if main:
         if config.average_last:
             recent = list_checkpoints(checkpoint_dir)[-config.average_last:]
-            final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            assign_weights(model, average_checkpoints(recent), source="checkpoint average")
-            averaged = _evaluate(model, task)
+            final_state = {k: v.detach().clone() for k, v in final_model.state_dict().items()}
+            assign_weights(final_model, average_checkpoints(recent), source="checkpoint average")
+            averaged = _evaluate(final_model, task)
             log.write({"step": step, "split": "valid_averaged", "checkpoints": len(recent),
                        **averaged})
             metric = config.best_metric
             if metric is None or _better(averaged[metric], best, config.best_mode):
                 best = averaged.get(metric) if metric else None
                 metrics = averaged
-                _publish_weights(run_dir, model, f"average of {len(recent)}@{step}", averaged)
-            model.load_state_dict(final_state)
+                _publish_weights(run_dir, final_model, f"average of {len(recent)}@{step}",
+                                 averaged)
+            final_model.load_state_dict(final_state)
         if config.best_metric is None or not (run_dir / WEIGHTS_FILE).is_file():
-            _publish_weights(run_dir, model, f"final@{step}", metrics)
+            _publish_weights(run_dir, final_model, f"final@{step}", metrics)
         _write_run_info(run_dir, {"final_metrics": metrics, "steps_done": step,
                                   "best": best})
     return {**metrics, "step": step}

@@ -1,0 +1,310 @@
+"""Distributed training (2 processes, gloo on CPU): DDP and FSDP runs equal a 1-process run with the
+same global batch, kill + resume with 2 processes, rank disagreement and failure, batch sharding,
+activation checkpointing and torch.compile."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn import CausalLM, TransformerConfig
+from aiayn.training import TrainingConfig, train
+from aiayn.training.checkpoint import list_checkpoints, read_tensors
+from aiayn.training.distributed import Parallel, process_group_from_env, transformer_layers
+
+PAD = 0
+CONFIG = TransformerConfig.preset("tiny", vocab_size=23, d_model=16, n_heads=2, d_ff=32,
+                                  n_decoder_layers=2, max_length=16, dropout=0.0,
+                                  attention_dropout=0.0, activation_dropout=0.0)
+
+
+class TinyLMTask:
+    """Next-token prediction on random sequences of random lengths: batches of different sizes and
+    token counts, so the global token normalisation matters. 7 batches an epoch (odd on purpose:
+    steps straddle epochs)."""
+
+    name = "lm"
+
+    def __init__(self, *, seed=0, batches=7, fail_rank=None, fail_at=None):
+        self.seed, self.batches = seed, batches
+        self.fail_rank, self.fail_at, self.calls = fail_rank, fail_at, 0
+
+    def model_config(self, base):
+        return base
+
+    def build_model(self, model_config):
+        return CausalLM(model_config)
+
+    def train_batches(self, epoch):
+        generator = torch.Generator().manual_seed(self.seed * 1000 + epoch)
+        for _ in range(self.batches):
+            size = int(torch.randint(1, 4, (1,), generator=generator))
+            lengths = torch.randint(3, 12, (size,), generator=generator)
+            ids = torch.randint(1, CONFIG.vocab_size, (size, int(lengths.max())),
+                                generator=generator)
+            ids[torch.arange(ids.shape[1]) >= lengths[:, None]] = PAD
+            yield ids
+
+    def count(self, batch):
+        return int((batch[:, 1:] != PAD).sum())
+
+    def loss(self, model, batch):
+        self.calls += 1
+        rank = int(os.environ.get("RANK", "0"))
+        if self.fail_at is not None and self.calls == self.fail_at and rank == self.fail_rank:
+            raise RuntimeError(f"simulated failure on rank {rank}")
+        logits = model(batch[:, :-1], padding_mask=batch[:, :-1] != PAD)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(),
+                                                 ignore_index=PAD, reduction="sum")
+
+    def evaluate(self, model):
+        batch = next(iter(self.train_batches(99)))
+        return {"loss": float(self.loss(model, batch)) / self.count(batch)}
+
+    def save_assets(self, run_dir):
+        return {}
+
+    @classmethod
+    def load_assets(cls, run_dir):
+        return None
+
+
+def _config(**changes):
+    # eps 1e-4, not the paper's 1e-9: the key-projection bias has an analytically zero gradient
+    # (softmax ignores a constant per query), so its float noise (~1e-9) would be blown up by Adam
+    # to updates of ~lr whose sign depends on summation order, i.e. on the number of processes.
+    base = dict(steps=4, accumulation=1, optimizer="adamw", weight_decay=0.01, clip_norm=1.0,
+                eps=1e-4,
+                schedule={"kind": "constant", "peak": 3e-3, "warmup": 0}, log_every=1,
+                eval_every=0, save_every=2, keep_last=0, best_metric=None, progress=False,
+                device="cpu")
+    return TrainingConfig(**{**base, **changes})
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank, world, port, run_dir, config_changes, task_changes, timeout_s, error_file):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        with process_group_from_env(device="cpu", timeout_s=timeout_s):
+            task = TinyLMTask(**task_changes)
+            torch.manual_seed(0)
+            train(task.build_model(CONFIG), task, _config(**config_changes), run_dir,
+                  model_config=CONFIG)
+    except BaseException as error:  # reported to the test through a file
+        Path(error_file).write_text(f"{type(error).__name__}: {error}\n"
+                                    f"{traceback.format_exc()}", encoding="utf-8")
+        sys.exit(1)
+
+
+def _launch(run_dir, *, world=2, config=None, task=None, per_rank_config=None,
+            per_rank_task=None, timeout_s=60.0, join_s=120.0):
+    """Run ``world`` training processes; return (exit codes, error texts by rank)."""
+    context = multiprocessing.get_context("spawn")
+    port = _free_port()
+    errors = [Path(run_dir).parent / f"{Path(run_dir).name}.rank{r}.err" for r in range(world)]
+    processes = []
+    for rank in range(world):
+        changes = {**(config or {}), **((per_rank_config or {}).get(rank, {}))}
+        task_changes = {**(task or {}), **((per_rank_task or {}).get(rank, {}))}
+        process = context.Process(target=_worker, args=(
+            rank, world, port, str(run_dir), changes, task_changes, timeout_s,
+            str(errors[rank])))
+        process.start()
+        processes.append(process)
+    codes = []
+    for process in processes:
+        process.join(join_s)
+        if process.is_alive():
+            process.kill()
+            process.join()
+            codes.append("hung")
+        else:
+            codes.append(process.exitcode)
+    texts = [e.read_text(encoding="utf-8") if e.is_file() else "" for e in errors]
+    return codes, texts
+
+
+def _losses(run_dir):
+    lines = (Path(run_dir) / "log.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["loss"] for line in lines if json.loads(line)["split"] == "train"]
+
+
+def _weights(run_dir):
+    return read_tensors(list_checkpoints(Path(run_dir) / "checkpoints")[-1] / "model.safetensors")
+
+
+def _assert_same_run(ours, reference):
+    assert _losses(ours) == pytest.approx(_losses(reference), rel=1e-5, abs=1e-6)
+    mine, theirs = _weights(ours), _weights(reference)
+    assert mine.keys() == theirs.keys()
+    for name in theirs:
+        torch.testing.assert_close(mine[name], theirs[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _single(run_dir, **changes):
+    task = TinyLMTask()
+    torch.manual_seed(0)
+    train(task.build_model(CONFIG), task, _config(**changes), run_dir, model_config=CONFIG)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """1 process, accumulation 4 = the global batch of 2 processes x accumulation 2."""
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    _single(run_dir, accumulation=4)
+    return run_dir
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path, reference,
+                                                                    strategy):
+    run_dir = tmp_path / "run"
+    codes, errors = _launch(run_dir, config={"accumulation": 2, "distributed": strategy})
+    assert codes == [0, 0], errors
+    _assert_same_run(run_dir, reference)
+    info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    assert info["training_config"]["distributed"] == strategy
+    assert len(_losses(run_dir)) == 4  # rank 0 alone wrote the log, once per step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_killed_run_resumed_with_two_processes_reaches_the_same_weights(tmp_path, reference,
+                                                                        strategy):
+    run_dir = tmp_path / "run"
+    # Rank 1 dies in its 5th micro-batch (step 3), after the step-2 checkpoint.
+    codes, errors = _launch(run_dir, config={"accumulation": 2, "distributed": strategy},
+                            task={"fail_rank": 1, "fail_at": 5}, timeout_s=20.0)
+    assert codes[1] == 1 and "simulated failure on rank 1" in errors[1]
+    assert codes[0] != 0 and codes[0] != "hung"  # rank 0 fails too instead of hanging
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["step-2"]
+    codes, errors = _launch(run_dir, config={"accumulation": 2, "distributed": strategy})
+    assert codes == [0, 0], errors
+    _assert_same_run(run_dir, reference)
+
+
+def test_a_failing_rank_shuts_every_rank_down_without_hanging(tmp_path):
+    codes, errors = _launch(tmp_path / "run", task={"fail_rank": 0, "fail_at": 2},
+                            timeout_s=15.0, join_s=90.0)
+    assert codes[0] == 1 and "simulated failure on rank 0" in errors[0]
+    assert codes[1] not in (0, "hung"), errors[1]
+    assert not list_checkpoints(tmp_path / "run" / "checkpoints")
+
+
+def test_ranks_that_disagree_on_the_config_fail_with_a_clear_error(tmp_path):
+    codes, errors = _launch(tmp_path / "run", per_rank_config={1: {"steps": 5}})
+    assert codes == [1, 1]
+    for text in errors:
+        assert "ranks disagree on: training config (rank(s) 1 differ from rank 0)" in text
+    assert not (tmp_path / "run" / "run.json").exists()  # nothing written
+
+
+def test_ranks_that_disagree_on_the_data_fail_with_a_clear_error(tmp_path):
+    # A task seeded by the rank (a common mistake): different batches on each rank.
+    codes, errors = _launch(tmp_path / "run", per_rank_task={1: {"seed": 1}})
+    assert codes == [1, 1]
+    for text in errors:
+        assert "ranks disagree on: training data (rank(s) 1 differ from rank 0)" in text
+
+
+def test_each_rank_takes_its_own_batches_none_dropped_or_repeated():
+    class Stream:  # the trainer's _Batches: a global stream across epochs
+        def __init__(self):
+            self.position = 0
+
+        def next(self):
+            self.position += 1
+            return self.position - 1
+
+    world, accumulation, steps = 3, 2, 5
+    taken = []
+    for rank in range(world):
+        parallel = Parallel("ddp", torch.device("cpu"))
+        parallel.rank, parallel.world_size = rank, world
+        stream = Stream()
+        mine = [parallel.step_batches(stream, accumulation) for _ in range(steps)]
+        assert all(len(step) == accumulation for step in mine)  # same number of steps and sizes
+        assert stream.position == world * accumulation * steps  # every rank advances alike
+        taken.append([batch for step in mine for batch in step])
+        assert taken[-1][:2] == [rank, rank + world]
+    assert sorted(sum(taken, [])) == list(range(world * accumulation * steps))
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients():
+    config = CONFIG.replace(dropout=0.2, attention_dropout=0.1)
+    task = TinyLMTask()
+    batch = next(iter(task.train_batches(0)))
+    results = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = task.build_model(config).train()
+        if checkpointing:
+            parallel = Parallel("ddp", torch.device("cpu"))
+            parallel.wrap(model, activation_checkpointing=True)
+            assert len(transformer_layers(model)) == 2
+        torch.manual_seed(1)
+        loss = task.loss(model, batch)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_b, loss_a, rtol=0, atol=0)
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], msg=name)
+    assert set(dict(model.named_parameters())) == set(grads_a)  # names unchanged by the wrapper
+
+
+def test_activation_checkpointing_and_bf16_train_and_save_like_the_plain_model(tmp_path):
+    _single(tmp_path / "plain", steps=2)
+    _single(tmp_path / "ckpt", steps=2, activation_checkpointing=True)
+    _assert_same_run(tmp_path / "ckpt", tmp_path / "plain")
+    _single(tmp_path / "bf16", steps=2, activation_checkpointing=True, autocast="bf16")
+    assert all(torch.isfinite(torch.tensor(_losses(tmp_path / "bf16"))))
+
+
+@pytest.mark.slow
+def test_compile_option_trains_a_tiny_model(tmp_path):
+    _single(tmp_path / "plain", steps=2)
+    _single(tmp_path / "compiled", steps=2, compile=True)
+    assert _losses(tmp_path / "compiled") == pytest.approx(_losses(tmp_path / "plain"), rel=1e-4)
+    assert _weights(tmp_path / "compiled").keys() == _weights(tmp_path / "plain").keys()
+
+
+def test_bad_distributed_option_is_rejected():
+    with pytest.raises(ValueError, match="distributed must be one of"):
+        TrainingConfig(distributed="zero3")
+
+
+@pytest.mark.slow
+def test_torchrun_runs_the_train_command(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("To be, or not to be, that is the question. " * 40, encoding="utf-8")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-port", str(_free_port()), "-m", "aiayn", "train", "lm",
+               "--data", str(text), "--preset", "tiny", "--set", "max_length=16",
+               "--batch-size", "2", "--batches-per-epoch", "5", "--steps", "3",
+               "--eval-every", "3", "--save-every", "3", "--log-every", "1", "--no-progress",
+               "--device", "cpu", "--distributed", "fsdp", "--activation-checkpointing",
+               "--out", str(tmp_path / "run")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == 1 and json.loads(reports[0])["step"] == 3  # rank 0 reports alone
+    assert [p.name for p in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step-3"]
+    assert (tmp_path / "run" / "model.safetensors").is_file()
