@@ -13,6 +13,9 @@ import sys
 
 COMMAND_MODULES = (
     "aiayn.commands.demo",
+    "aiayn.commands.train",
+    "aiayn.commands.evaluate",
+    "aiayn.commands.translate",
 )
 
 

@@ -1,0 +1,50 @@
+"""``aiayn evaluate RUN_DIR --data ...``: score a trained run; prints one JSON line.
+
+Dispatches on the task named in RUN_DIR/run.json to that task's module in
+``aiayn.commands.train.TASKS`` (its ``evaluate(args) -> dict``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "evaluate", help="score a trained run on data (prints a JSON line)",
+        description="Evaluate the model of RUN_DIR on a data file with the metrics of its task "
+                    "(translation: sacreBLEU and chrF of beam or greedy output). Prints one JSON "
+                    "line.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by 'aiayn train'")
+    parser.add_argument("--data", required=True, nargs="+", metavar="PATH",
+                        help="evaluation data in the task's format (translation: a TSV, or a "
+                             "source and a target file)")
+    parser.add_argument("--split", default="test",
+                        help="rows of this split when the data has a split column ('all': all)")
+    parser.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
+    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty (GNMT)")
+    parser.add_argument("--max-tokens", type=int, default=4000, help="tokens per decoding batch")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N examples")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--output", default=None, metavar="PATH",
+                        help="also write the model outputs (one a line) here")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiayn.commands.train import task_module
+    from aiayn.training.run import read_run_info
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    info = read_run_info(args.run_dir)
+    module = task_module(info["task"])
+    if not hasattr(module, "evaluate"):
+        raise ValueError(f"task {info['task']!r} has no evaluation command")
+    result = module.evaluate(args)
+    print(json.dumps(result))
+    return 0

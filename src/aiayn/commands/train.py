@@ -1,0 +1,161 @@
+"""``aiayn train TASK``: one sub-parser per task, the shared training options, then ``train``.
+
+Tasks register here: ``TASKS`` maps a task name to a module with ``add_arguments(parser)`` (its own
+options; it may also change the shared defaults with ``parser.set_defaults``), ``make_task(args)``
+(returns a ``aiayn.training.Task``) and ``evaluate(args) -> dict`` (for ``aiayn evaluate``). Modules
+are imported by name; keep their top-level imports light. A task whose module is not in this
+installation is left out of the command line (each task lands on its own branch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from types import ModuleType
+from typing import Any
+
+TASKS: dict[str, str] = {
+    "translation": "aiayn.commands.train_translation",
+    "lm": "aiayn.commands.train_lm",
+    "classification": "aiayn.commands.train_classification",
+    "mlm": "aiayn.commands.train_mlm",
+}
+
+
+def available_tasks() -> list[str]:
+    """Task names whose module exists in this installation."""
+    import importlib.util
+
+    return [name for name, module in TASKS.items() if importlib.util.find_spec(module) is not None]
+
+
+def task_module(name: str) -> ModuleType:
+    if name not in available_tasks():
+        raise ValueError(f"unknown task {name!r}; choose one of {available_tasks()}")
+    return importlib.import_module(TASKS[name])
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train", help="train a model for a task (translation, ...)",
+        description="Train a model and write a run directory (run.json, model.safetensors, "
+                    "checkpoints/, log.jsonl, task assets). Re-running the same command resumes "
+                    "from the latest checkpoint.")
+    tasks = parser.add_subparsers(dest="task", metavar="TASK")
+    for name in available_tasks():
+        module = task_module(name)
+        doc = (module.__doc__ or name).strip().splitlines()[0]
+        task_parser = tasks.add_parser(name, help=doc, description=doc,
+                                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        add_training_arguments(task_parser)
+        module.add_arguments(task_parser)
+        task_parser.set_defaults(run=run)
+    parser.set_defaults(run=lambda args: _missing_task(parser))
+
+
+def _missing_task(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options every task shares (paper section 5 defaults)."""
+    group = parser.add_argument_group("run")
+    group.add_argument("--out", required=True, metavar="RUN_DIR",
+                       help="run directory to create, or to resume if it holds checkpoints")
+    group.add_argument("--preset", default="base", help="model preset (aiayn.config.PRESETS)")
+    group.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                       help="override a model config field, e.g. --set dropout=0.2 (repeatable)")
+    group.add_argument("--no-resume", action="store_true",
+                       help="fail instead of resuming when RUN_DIR already holds checkpoints")
+    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    group.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+    group = parser.add_argument_group("optimisation")
+    group.add_argument("--steps", type=int, default=100_000, help="optimizer updates")
+    group.add_argument("--optimizer", choices=("adam", "adamw"), default="adam")
+    group.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.98))
+    group.add_argument("--adam-eps", type=float, default=1e-9)
+    group.add_argument("--weight-decay", type=float, default=0.0)
+    group.add_argument("--schedule", choices=("noam", "warmup_cosine", "constant"), default="noam")
+    group.add_argument("--warmup", type=int, default=4000, help="warm-up steps")
+    group.add_argument("--lr-factor", type=float, default=1.0,
+                       help="noam: multiplies d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
+    group.add_argument("--lr", type=float, default=1e-3,
+                       help="peak learning rate (warmup_cosine, constant)")
+    group.add_argument("--min-lr", type=float, default=0.0, help="warmup_cosine floor")
+    group.add_argument("--accumulation", type=int, default=1,
+                       help="micro-batches per update (gradient normalised by their tokens)")
+    group.add_argument("--clip-norm", type=float, default=None, help="gradient norm clipping")
+    group.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
+    group.add_argument("--nonfinite", choices=("skip", "raise"), default="skip")
+    group = parser.add_argument_group("evaluation and checkpoints")
+    group.add_argument("--eval-every", type=int, default=1000)
+    group.add_argument("--save-every", type=int, default=1000)
+    group.add_argument("--log-every", type=int, default=10)
+    group.add_argument("--keep-last", type=int, default=5, help="checkpoints kept (0: all)")
+    group.add_argument("--average-last", type=int, default=0,
+                       help="average the last K checkpoints at the end (paper 6.1: 5)")
+    group.add_argument("--best-metric", default="loss",
+                       help="validation metric that picks the run's model ('none': final)")
+    group.add_argument("--best-mode", choices=("min", "max"), default="min")
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["dropout=0.2", "activation=gelu"]`` -> {"dropout": 0.2, "activation": "gelu"}."""
+    import dataclasses
+
+    from aiayn.config import TransformerConfig
+
+    known = {field.name for field in dataclasses.fields(TransformerConfig)}
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects FIELD=VALUE, got {item!r}")
+        if key not in known:
+            raise ValueError(f"--set: unknown model config field {key!r}")
+        try:
+            overrides[key] = json.loads(text)
+        except json.JSONDecodeError:
+            overrides[key] = text  # a bare word such as gelu
+    return overrides
+
+
+def training_config_from_args(args: argparse.Namespace, d_model: int):
+    from aiayn.training import Schedule, TrainingConfig
+
+    schedule = Schedule(kind=args.schedule, d_model=d_model, warmup=args.warmup,
+                        factor=args.lr_factor, peak=args.lr, total=args.steps, floor=args.min_lr)
+    best = None if args.best_metric in (None, "none") else args.best_metric
+    return TrainingConfig(
+        steps=args.steps, optimizer=args.optimizer, betas=tuple(args.betas), eps=args.adam_eps,
+        weight_decay=args.weight_decay, schedule=schedule, accumulation=args.accumulation,
+        clip_norm=args.clip_norm, autocast=args.autocast, eval_every=args.eval_every,
+        save_every=args.save_every, log_every=args.log_every, keep_last=args.keep_last,
+        average_last=args.average_last, best_metric=best, best_mode=args.best_mode,
+        seed=args.seed, nonfinite=args.nonfinite, progress=not args.no_progress,
+        device=args.device)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from aiayn.config import TransformerConfig
+    from aiayn.training import train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    module = task_module(args.task)
+    task = module.make_task(args)
+    model_config = task.model_config(
+        TransformerConfig.preset(args.preset, **parse_overrides(args.set)))
+    training = training_config_from_args(args, model_config.d_model)
+    torch.manual_seed(args.seed)
+    model = task.build_model(model_config)
+    metrics = train(model, task, training, args.out, model_config=model_config,
+                    resume=not args.no_resume)
+    print(json.dumps({"task": args.task, "run_dir": str(args.out), **metrics}))
+    return 0

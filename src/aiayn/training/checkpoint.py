@@ -1,0 +1,321 @@
+"""Atomic, pickle-free checkpoints: safetensors for tensors, JSON for everything else.
+
+A checkpoint directory ``checkpoints/step-N/`` holds ``model.safetensors`` (weights),
+``trainer_state.safetensors`` (optimizer moments, RNG states) and ``trainer_state.json`` (step, data
+position, optimizer hyper-parameters, best metric, SHA-256 of both tensor files). It is written into a
+temporary sibling directory and renamed into place, so a crash mid-write never leaves a half-written
+``step-N`` and never touches the previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+CHECKPOINT_PREFIX = "step-"
+
+
+# --- atomic file primitives ---------------------------------------------------------------------
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # directories cannot be opened on some platforms
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same directory, fsync, rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | Path, data: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --- weights ------------------------------------------------------------------------------------
+def save_weights(model: nn.Module, path: str | Path) -> str:
+    """Atomically write the model's weights (tied matrices once) and return the file's SHA-256."""
+    from safetensors.torch import save_model
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_model(_unwrap(model), tmp)
+        _fsync_file(Path(tmp))
+        digest = sha256_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return digest
+
+
+def read_tensors(path: str | Path, *, sha256: str | None = None) -> dict[str, Tensor]:
+    """All tensors of a safetensors file, with clear errors for missing, corrupt or altered files."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file not found: {path}")
+    if sha256 is not None and sha256_file(path) != sha256:
+        raise ValueError(f"{path}: checksum mismatch, the file is corrupt or was modified after "
+                         f"it was written")
+    try:
+        return load_file(str(path))
+    except Exception as error:  # safetensors raises its own error types for bad headers/truncation
+        raise ValueError(f"{path}: not a readable safetensors file, corrupt or truncated "
+                         f"({error})") from None
+
+
+def load_weights(model: nn.Module, path: str | Path, *, sha256: str | None = None) -> None:
+    """Load weights into ``model``; every parameter must be present with its exact shape."""
+    tensors = read_tensors(path, sha256=sha256)
+    assign_weights(model, tensors, source=str(path))
+
+
+def assign_weights(model: nn.Module, tensors: Mapping[str, Tensor], *, source: str) -> None:
+    """Copy ``tensors`` (safetensors names: tied matrices under one of their names) into ``model``."""
+    model = _unwrap(model)
+    state = model.state_dict(keep_vars=True)
+    # Tied parameters appear under several names in state_dict but once in the file.
+    by_storage: dict[int, list[str]] = {}
+    for name, tensor in state.items():
+        by_storage.setdefault(id(tensor), []).append(name)
+    missing, mismatched = [], []
+    for names in by_storage.values():
+        present = [name for name in names if name in tensors]
+        if not present:
+            missing.append(names[0])
+            continue
+        expected = state[names[0]]
+        value = tensors[present[0]]
+        if tuple(value.shape) != tuple(expected.shape):
+            mismatched.append(f"{present[0]}: file {tuple(value.shape)} vs model "
+                              f"{tuple(expected.shape)}")
+    known = set(state)
+    unexpected = sorted(name for name in tensors if name not in known)
+    if missing or mismatched or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        if unexpected:
+            parts.append(f"unexpected {', '.join(unexpected[:5])}"
+                         f"{' ...' if len(unexpected) > 5 else ''}")
+        if mismatched:
+            parts.append(f"shape mismatch {'; '.join(mismatched[:5])}")
+        raise ValueError(f"{source}: weights do not match the model config ({'; '.join(parts)})")
+    with torch.no_grad():
+        for names in by_storage.values():
+            name = next(name for name in names if name in tensors)
+            state[names[0]].copy_(tensors[name])
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DistributedDataParallel / compiled wrapper."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
+
+
+# --- trainer state ------------------------------------------------------------------------------
+def capture_rng() -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """RNG states of torch (CPU and CUDA), Python and NumPy as (tensors, JSON)."""
+    tensors = {"rng/torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng/cuda/{index}"] = state
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    tensors["rng/numpy"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
+    version, internal, gauss = random.getstate()
+    meta = {"numpy": [kind, int(position), int(has_gauss), float(cached)],
+            "python": [version, list(internal), gauss]}
+    return tensors, meta
+
+
+def restore_rng(tensors: Mapping[str, Tensor], meta: Mapping[str, Any]) -> None:
+    torch.set_rng_state(tensors["rng/torch"])
+    cuda = [tensors[key] for key in sorted(k for k in tensors if k.startswith("rng/cuda/"))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    kind, position, has_gauss, cached = meta["numpy"]
+    np.random.set_state((kind, tensors["rng/numpy"].numpy().astype(np.uint32), position,
+                         has_gauss, cached))
+    version, internal, gauss = meta["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def optimizer_to_tensors(optimizer: torch.optim.Optimizer
+                         ) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Split an optimizer state_dict into safetensors-able tensors and JSON."""
+    state_dict = optimizer.state_dict()
+    tensors: dict[str, Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for index, slots in state_dict["state"].items():
+        for slot, value in slots.items():
+            if isinstance(value, Tensor):
+                tensors[f"optimizer/{index}/{slot}"] = value.detach().contiguous()
+            else:
+                scalars.setdefault(str(index), {})[slot] = value
+    groups = [{key: (list(value) if isinstance(value, tuple) else value)
+               for key, value in group.items()} for group in state_dict["param_groups"]]
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def optimizer_from_tensors(optimizer: torch.optim.Optimizer, tensors: Mapping[str, Tensor],
+                           meta: Mapping[str, Any]) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optimizer/"):
+            _, index, slot = key.split("/", 2)
+            state.setdefault(int(index), {})[slot] = value
+    for index, slots in meta["scalars"].items():
+        state.setdefault(int(index), {}).update(slots)
+    groups = [{key: (tuple(value) if key == "betas" else value) for key, value in group.items()}
+              for group in meta["param_groups"]]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def write_checkpoint(directory: str | Path, step: int, model: nn.Module,
+                     tensors: Mapping[str, Tensor], meta: dict[str, Any]) -> Path:
+    """Write ``directory/step-N`` atomically: a temporary directory renamed into place."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"{CHECKPOINT_PREFIX}{step}"
+    tmp = Path(tempfile.mkdtemp(dir=directory, prefix=f".{final.name}.", suffix=".tmp"))
+    try:
+        files = {"model.safetensors": save_weights(model, tmp / "model.safetensors")}
+        save_file({key: value.detach().cpu().contiguous() for key, value in tensors.items()},
+                  str(tmp / "trainer_state.safetensors"))
+        _fsync_file(tmp / "trainer_state.safetensors")
+        files["trainer_state.safetensors"] = sha256_file(tmp / "trainer_state.safetensors")
+        atomic_write_json(tmp / "trainer_state.json", {**meta, "step": step, "sha256": files})
+        fsync_dir(tmp)
+        if final.exists():  # re-saving a step (e.g. a resumed run reaching it again): swap
+            old = directory / f".{final.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(directory)
+    return final
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any], Path]:
+    """Trainer tensors, trainer JSON and the weights path of a checkpoint directory, verified."""
+    path = Path(path)
+    meta_path = path / "trainer_state.json"
+    if not meta_path.is_file():
+        raise ValueError(f"{path}: not a checkpoint (no trainer_state.json)")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{meta_path}: corrupt checkpoint state ({error})") from None
+    if not isinstance(meta, dict) or "step" not in meta:
+        raise ValueError(f"{meta_path}: corrupt checkpoint state (no step)")
+    sums = meta.get("sha256", {})
+    tensors = read_tensors(path / "trainer_state.safetensors",
+                           sha256=sums.get("trainer_state.safetensors"))
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise ValueError(f"{path}: corrupt checkpoint (model.safetensors missing)")
+    if sums.get("model.safetensors") and sha256_file(weights) != sums["model.safetensors"]:
+        raise ValueError(f"{weights}: checksum mismatch, the file is corrupt or was modified")
+    return tensors, meta, weights
+
+
+def list_checkpoints(directory: str | Path) -> list[Path]:
+    """Checkpoint directories ``step-N`` sorted by N (temporary directories are ignored)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = []
+    for child in directory.iterdir():
+        if child.is_dir() and child.name.startswith(CHECKPOINT_PREFIX):
+            suffix = child.name[len(CHECKPOINT_PREFIX):]
+            if suffix.isdigit():
+                found.append((int(suffix), child))
+    return [path for _, path in sorted(found)]
+
+
+def average_checkpoints(paths: Iterable[str | Path]) -> dict[str, Tensor]:
+    """The element-wise mean of the weights of several checkpoints (paper 6.1: the last 5).
+
+    Args:
+        paths: checkpoint directories (``step-N``) or ``.safetensors`` files.
+
+    Returns:
+        A state dict (safetensors names) to load with ``assign_weights`` or save with safetensors.
+
+    Raises:
+        ValueError: no paths, or checkpoints with different tensor names or shapes.
+    """
+    paths = [Path(p) / "model.safetensors" if Path(p).is_dir() else Path(p) for p in paths]
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint")
+    total: dict[str, Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for path in paths:
+        tensors = read_tensors(path)
+        if total and set(tensors) != set(total):
+            raise ValueError(f"{path}: tensor names differ from {paths[0]}")
+        for name, value in tensors.items():
+            if name not in total:
+                dtypes[name] = value.dtype
+                # Integer buffers (counters) are not averaged: the first checkpoint's value is kept.
+                total[name] = value.double() if value.is_floating_point() else value.clone()
+            elif value.shape != total[name].shape:
+                raise ValueError(f"{path}: {name} has shape {tuple(value.shape)}, expected "
+                                 f"{tuple(total[name].shape)}")
+            elif value.is_floating_point():
+                total[name] += value.double()
+    return {name: (value / len(paths)).to(dtypes[name]) if dtypes[name].is_floating_point
+            else value for name, value in total.items()}

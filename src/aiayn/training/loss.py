@@ -1,0 +1,47 @@
+"""Label-smoothed cross-entropy (paper 5.4: epsilon_ls = 0.1), summed over real targets.
+
+The smoothed target puts 1 - eps on the reference token and eps / V on every token (the reference
+included), as in Szegedy et al. 2016 and ``torch.nn.functional.cross_entropy(label_smoothing=eps)``:
+loss = (1 - eps) * (-log p[y]) + eps * mean_v(-log p[v]).
+
+Legend: N targets, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def label_smoothed_cross_entropy(logits: Tensor, targets: Tensor, *, smoothing: float = 0.0,
+                                 ignore_index: int = -100) -> Tensor:
+    """The SUM over non-ignored targets of the label-smoothed negative log-likelihood.
+
+    Args:
+        logits: (N, V) unnormalised scores (any float dtype; computed in float32 at least).
+        targets: (N,) token ids; positions equal to ``ignore_index`` contribute nothing.
+        smoothing: eps in [0, 1).
+        ignore_index: target value to skip (e.g. the padding id).
+
+    Returns:
+        A scalar tensor: the summed loss (divide by the number of real targets for a mean).
+
+    Raises:
+        ValueError: on mismatched shapes or a smoothing outside [0, 1).
+    """
+    if logits.dim() != 2 or targets.dim() != 1 or logits.shape[0] != targets.shape[0]:
+        raise ValueError(f"expected logits (N, V) and targets (N,), got {tuple(logits.shape)} and "
+                         f"{tuple(targets.shape)}")
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    # log_softmax subtracts the max first: finite for any finite logits, never log(0).
+    log_probs = torch.log_softmax(logits, dim=-1)  # (N, V)
+    keep = targets != ignore_index  # (N,)
+    safe_targets = targets.masked_fill(~keep, 0)
+    nll = -log_probs.gather(1, safe_targets.unsqueeze(1)).squeeze(1)  # (N,)
+    if smoothing > 0.0:
+        uniform = -log_probs.mean(dim=-1)  # (N,)
+        nll = (1.0 - smoothing) * nll + smoothing * uniform
+    return nll.masked_fill(~keep, 0.0).sum()

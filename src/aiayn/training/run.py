@@ -1,0 +1,140 @@
+"""Run directories: what ``aiayn train`` writes and ``aiayn translate/evaluate`` read.
+
+Layout::
+
+    RUN_DIR/
+      run.json               task name, format_version, model class + config, training config,
+                             task assets description, metrics, SHA-256 of model.safetensors
+      model.safetensors      weights for inference (best, averaged or final)
+      checkpoints/step-N/    model.safetensors, trainer_state.safetensors, trainer_state.json
+      log.jsonl              one JSON object per logged step / evaluation
+      <assets>               whatever the task saves (tokenizer, labels)
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from aiayn.config import TransformerConfig
+from aiayn.training.checkpoint import list_checkpoints, load_weights, read_checkpoint
+
+FORMAT_VERSION = 1
+RUN_FILE = "run.json"
+WEIGHTS_FILE = "model.safetensors"
+CHECKPOINT_DIR = "checkpoints"
+LOG_FILE = "log.jsonl"
+
+
+@dataclass
+class Run:
+    """A trained run loaded for inference: model on CPU in eval mode plus the task's assets."""
+
+    path: Path
+    task: str
+    model_config: TransformerConfig
+    training_config: dict[str, Any]
+    model: nn.Module
+    assets: Any = None
+    info: dict[str, Any] = field(default_factory=dict)  # the whole run.json
+    weights: Path | None = None  # the file the weights came from
+
+
+def qualified_name(obj: Any) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def import_qualified(name: str, *, what: str, source: Path) -> Any:
+    """Import ``module:qualname``; only aiayn's own classes (run.json is data, not code)."""
+    module_name, _, qualname = name.partition(":")
+    if not (module_name == "aiayn" or module_name.startswith("aiayn.")) or not qualname:
+        raise ValueError(f"{source}: {what} {name!r} is not an aiayn class")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"{source}: unknown {what} {name!r} ({error})") from None
+    return obj
+
+
+def read_run_info(run_dir: str | Path) -> dict[str, Any]:
+    """run.json of ``run_dir``, checked: a directory, a run, a format this version reads."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise FileNotFoundError(f"run directory not found: {run_dir}")
+    if not run_dir.is_dir():
+        raise NotADirectoryError(f"{run_dir} is not a directory (expected a run directory made "
+                                 f"by 'aiayn train')")
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        raise ValueError(f"{run_dir} is not an aiayn run directory (no {RUN_FILE}); make one "
+                         f"with 'aiayn train'")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: corrupt run file ({error})") from None
+    if not isinstance(info, dict) or not {"task", "format_version", "model_config"} <= set(info):
+        raise ValueError(f"{path}: corrupt run file (needs task, format_version, model_config)")
+    version = info["format_version"]
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ValueError(f"{path}: run format version {version!r} is newer than this aiayn "
+                         f"reads ({FORMAT_VERSION}); upgrade aiayn")
+    return info
+
+
+def load_run(run_dir: str | Path, *, task: str | None = None, weights: str | Path | None = None,
+             load_assets: bool = True) -> Run:
+    """Load a run for inference.
+
+    Args:
+        run_dir: a directory written by ``aiayn train``.
+        task: the task the caller expects; another task's run is an error.
+        weights: a weights file or checkpoint directory to use instead of the run's model (default:
+            ``model.safetensors``, or the latest checkpoint of a run that has not finished).
+        load_assets: also load the task's assets (tokenizer, ...).
+
+    Raises:
+        FileNotFoundError / NotADirectoryError: ``run_dir`` missing or a file.
+        ValueError: not a run, a run of another task, newer format, corrupt or mismatched weights.
+    """
+    run_dir = Path(run_dir)
+    info = read_run_info(run_dir)
+    if task is not None and info["task"] != task:
+        raise ValueError(f"{run_dir} is a run of task {info['task']!r}, not {task!r}")
+    source = run_dir / RUN_FILE
+    try:
+        model_config = TransformerConfig.from_dict(info["model_config"])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{source}: bad model_config ({error})") from None
+    model_class = import_qualified(info.get("model_class", ""), what="model class", source=source)
+    model = model_class(model_config)
+    sha256 = None
+    if weights is not None:
+        path = Path(weights)
+        if path.is_dir():
+            _, _, path = read_checkpoint(path)
+    elif (run_dir / WEIGHTS_FILE).is_file():
+        path = run_dir / WEIGHTS_FILE
+        sha256 = info.get("weights_sha256")
+    else:
+        checkpoints = list_checkpoints(run_dir / CHECKPOINT_DIR)
+        if not checkpoints:
+            raise ValueError(f"{run_dir}: the run has no weights yet ({WEIGHTS_FILE} and "
+                             f"checkpoints/ are missing)")
+        _, _, path = read_checkpoint(checkpoints[-1])
+    load_weights(model, path, sha256=sha256)
+    model.eval()
+    assets = None
+    if load_assets and info.get("task_class"):
+        task_class = import_qualified(info["task_class"], what="task class", source=source)
+        assets = task_class.load_assets(run_dir)
+    return Run(path=run_dir, task=info["task"], model_config=model_config,
+               training_config=info.get("training_config", {}), model=model, assets=assets,
+               info=info, weights=path)
