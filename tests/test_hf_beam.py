@@ -77,3 +77,20 @@ def test_beam_matches_hf_with_hf_length_penalty(marian, seed, monkeypatch):
                                    max_extra=MAX_EXTRA)[0]
     assert 0 < len(best.tokens) < source.shape[1] + MAX_EXTRA - 1  # </s> not forced
     assert best.tokens == _hf_beam(hf, source, alpha=0.5)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_greedy_search_matches_hf(marian, seed):
+    """aiayn.decoding's batched greedy search (pad blocked, </s> forced at the limit) = HF greedy."""
+    from aiayn.decoding.greedy import greedy_search
+
+    hf, ours = marian
+    source = torch.randint(1, 39, (1, 5 + seed), generator=torch.Generator().manual_seed(200 + seed))
+    mask = torch.ones_like(source, dtype=torch.bool)
+    best = greedy_search(ours, source, mask, max_extra=MAX_EXTRA)[0]
+    with torch.no_grad():
+        out = hf.generate(source, attention_mask=mask.long(), num_beams=1, do_sample=False,
+                          max_new_tokens=source.shape[1] + MAX_EXTRA, forced_eos_token_id=0,
+                          bad_words_ids=[[39]])
+    tokens = out[0, 1:].tolist()
+    assert best.tokens == (tokens[: tokens.index(0)] if 0 in tokens else tokens)
