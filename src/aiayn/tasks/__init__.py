@@ -1,0 +1,1 @@
+"""Tasks the training engine runs (each implements ``aiayn.training.Task``)."""
