@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="a TSV (source<TAB>target, optional header with a split column; .gz "
                             "ok) or a source file and a line-aligned target file")
     group.add_argument("--vocab-size", type=int, default=8000, help="joint BPE vocabulary")
-    group.add_argument("--max-tokens", type=int, default=4096,
+    group.add_argument("--max-tokens", type=int, default=2500,
                        help="padded tokens per side in a batch (paper: 25000)")
     group.add_argument("--max-length", type=int, default=128,
                        help="drop training pairs longer than this many subword tokens")
@@ -29,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--valid-bleu-sentences", type=int, default=200,
                        help="validation sentences decoded (greedy) for BLEU at each evaluation")
     # The default preset trains in minutes on a laptop CPU; see docs/translation.md.
-    parser.set_defaults(preset=DEFAULT_PRESET, steps=2200, warmup=400, lr_factor=2.0,
-                        eval_every=500, save_every=500, best_metric="bleu", best_mode="max",
-                        log_every=20)
+    parser.set_defaults(preset=DEFAULT_PRESET, steps=3000, warmup=400, lr_factor=1.0,
+                        clip_norm=1.0, eval_every=500, save_every=500, best_metric="bleu",
+                        best_mode="max", log_every=20)
 
 
 def make_task(args: argparse.Namespace):

@@ -27,10 +27,8 @@ class SentencePair:
     origin: str = ""  # "file:line", for messages
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="\n")
-    return open(path, encoding="utf-8", newline="\n")
+def _open_binary(path: Path) -> io.BufferedIOBase:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
 def _check_file(path: Path) -> None:
@@ -43,13 +41,17 @@ def _check_file(path: Path) -> None:
 def _lines(path: Path) -> Iterable[tuple[int, str]]:
     """(line number, line without its newline); undecodable bytes are an error naming the line."""
     _check_file(path)
-    number = 0
     try:
-        with _open_text(path) as handle:
-            for number, line in enumerate(handle, 1):
-                yield number, line.rstrip("\r\n")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}:{number + 1}: not valid UTF-8 ({error.reason})") from None
+        # Bytes decoded line by line, so that an encoding error names its line.
+        with _open_binary(path) as handle:
+            for number, raw in enumerate(handle, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise ValueError(f"{path}:{number}: not valid UTF-8 ({error.reason})") \
+                        from None
+                yield number, line.rstrip("\r\n").lstrip("\ufeff") if number == 1 \
+                    else line.rstrip("\r\n")
     except (OSError, EOFError) as error:  # e.g. a truncated .gz
         raise ValueError(f"{path}: cannot read ({error})") from None
 

@@ -69,6 +69,8 @@ class TrainingConfig:
             ``accumulation`` is per rank: the global batch is the task's batch x accumulation x ranks.
         activation_checkpointing: recompute each layer's activations in the backward pass.
         compile: ``torch.compile`` the model (in place; names and checkpoints are unchanged).
+        time_limit: stop after the first step that ends past this many seconds of training in
+            this process (None: no limit); the run then finishes as if ``steps`` were reached.
     """
 
     steps: int = 100_000
@@ -95,6 +97,7 @@ class TrainingConfig:
     distributed: Literal["ddp", "fsdp"] = "ddp"
     activation_checkpointing: bool = False
     compile: bool = False
+    time_limit: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.schedule, dict):
@@ -127,6 +130,8 @@ class TrainingConfig:
         if self.distributed not in distributed.STRATEGIES:
             raise ValueError(f"distributed must be one of {distributed.STRATEGIES}, got "
                              f"{self.distributed!r}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError(f"time_limit must be positive or None, got {self.time_limit!r}")
         if self.keep_last and self.average_last > self.keep_last:
             raise ValueError(f"average_last ({self.average_last}) needs keep_last >= it, got "
                              f"keep_last={self.keep_last}")
@@ -392,7 +397,12 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     window_units = 0
     window_start = time.perf_counter()
     grad_norm = torch.zeros((), device=device)
+    train_start, cpu_start = time.perf_counter(), time.process_time()
     while step < config.steps:
+        if config.time_limit is not None and time.perf_counter() - train_start > config.time_limit:
+            log.write({"step": step, "split": "train", "stopped": "time_limit",
+                       "seconds": time.perf_counter() - train_start})
+            break
         micro = parallel.step_batches(batches, config.accumulation)  # this rank's share
         units = parallel.global_count(sum(task.count(batch) for batch in micro))
         if units <= 0:
@@ -436,7 +446,9 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
             record = {"step": step, "split": "train", "loss": mean_loss,
                       "ppl": math.exp(min(mean_loss, 50.0)), "lr": lr,
                       "grad_norm": float(grad_norm), "units_per_s": window_units / elapsed,
-                      "epoch": batches.epoch, "skipped": skipped}
+                      "epoch": batches.epoch, "skipped": skipped,
+                      "seconds": time.perf_counter() - train_start,
+                      "cpu_seconds": time.process_time() - cpu_start}
             log.write(record)
             if progress is not None:
                 progress.set_postfix(loss=f"{mean_loss:.3f}", ppl=f"{record['ppl']:.1f}",

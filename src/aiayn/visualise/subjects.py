@@ -172,33 +172,16 @@ class Subject:
             raise ValueError("the model config has neither decoder_start_id nor bos_id: cannot "
                              "build the decoder input")
         if target is None:
-            target_ids = greedy_decode(self.model, source, start, config.eos_id)
-            if len(target_ids) > 1 and target_ids[-1] == config.eos_id:
-                target_ids = target_ids[:-1]
+            from aiayn.decoding.greedy import greedy_search
+
+            ids = torch.tensor([source], dtype=torch.long)  # (1, S)
+            real = torch.ones_like(ids, dtype=torch.bool)
+            with torch.inference_mode():
+                (hypothesis,) = greedy_search(self.model, ids, real)
+            target_ids = [start] + hypothesis.tokens  # tokens exclude </s>
         else:
             target_ids = [start] + self._ids(target, "target text")
         return Example(source, self._labels(source), target_ids, self._labels(target_ids))
-
-
-@torch.inference_mode()
-def greedy_decode(model: Transformer, source: list[int], start: int, eos: int | None,
-                  max_new: int | None = None) -> list[int]:
-    """The decoder input ``[start, y1, ..., yn]`` of the model's greedy translation of ``source``
-    (ends with ``eos`` when the model emits it), decoded on the KV cache."""
-    limit = model.config.max_length
-    max_new = min(max_new or len(source) + 50, limit - 1)  # paper 6.1: max length = input + 50
-    src = torch.tensor([source], dtype=torch.long)
-    memory = model.encode(src)
-    cache = model.new_cache(batch=1, max_length=max_new + 1)
-    ids = [start]
-    logits = model.decode(torch.tensor([[start]]), memory, cache=cache)
-    for _ in range(max_new):
-        token = int(logits[0, -1].argmax())
-        ids.append(token)
-        if token == eos:
-            break
-        logits = model.decode(torch.tensor([[token]]), None, cache=cache)
-    return ids
 
 
 def load_subject(path: str | Path, *, tokenizer_file: str | Path | None = None) -> Subject:
