@@ -6,8 +6,11 @@ Mask convention (everywhere): boolean, True = may attend / real token. See ``aia
 from aiayn.config import PRESETS, TransformerConfig, count_parameters
 from aiayn.models import CausalLM, MaskedLM, SequenceClassifier, Transformer, TransformerEncoder
 from aiayn.stacks import AttentionMaps
+# Hugging Face interop reads files directly; transformers is never imported by these two.
+from aiayn.interop.hf import from_pretrained, from_transformers, save_pretrained
 
 __version__ = "0.1.0"
 
 __all__ = ["PRESETS", "AttentionMaps", "CausalLM", "MaskedLM", "SequenceClassifier", "Transformer",
-           "TransformerConfig", "TransformerEncoder", "count_parameters", "__version__"]
+           "TransformerConfig", "TransformerEncoder", "count_parameters", "from_pretrained", "from_transformers",
+           "save_pretrained", "__version__"]

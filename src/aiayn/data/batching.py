@@ -1,64 +1,99 @@
-"""Batching variable-length id sequences: length-bucketed, reproducible batches and right padding.
+"""Batches by token count with length bucketing (paper 5.1: "sentence pairs were batched together by
+approximate sequence length"; each batch ~25k source + 25k target tokens, here a parameter).
 
-Sorting by length inside large shuffled pools keeps the padding small (fewer wasted positions, so
-faster steps) while the pool shuffle keeps batches random from epoch to epoch.
-
-Legend: B batch, T longest length in the batch.
+Legend: B sentences in a batch, S source length, T target length (with </s>).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 
-def bucketed_batches(lengths: Sequence[int], *, batch_size: int, rng: random.Random | None = None,
-                     pool_batches: int = 50) -> list[list[int]]:
-    """Row indices grouped into batches of similar length.
+@dataclass
+class TranslationBatch:
+    """Padded tensors of one batch; ``targets`` are the decoder inputs shifted left by one."""
 
-    Args:
-        lengths: length of each row.
-        batch_size: rows per batch (the last batch of a pool may be smaller).
-        rng: shuffles rows, pools and batches; None gives a fixed order (sorted by length), for
-            evaluation.
-        pool_batches: rows are sorted by length within pools of ``pool_batches * batch_size``.
+    source: Tensor  # (B, S) ids, </s>-terminated, right-padded
+    decoder_input: Tensor  # (B, T) <s> y1 .. yn
+    targets: Tensor  # (B, T) y1 .. yn </s>, pad where there is no token
+    target_tokens: int  # real target tokens (loss units), known on the CPU
+    source_tokens: int
+    index: Tensor  # (B,) positions of the sentences in the dataset
+
+    def to(self, device) -> "TranslationBatch":
+        if str(device) == "cpu":
+            return self
+        return TranslationBatch(self.source.to(device, non_blocking=True),
+                                self.decoder_input.to(device, non_blocking=True),
+                                self.targets.to(device, non_blocking=True), self.target_tokens,
+                                self.source_tokens, self.index)
+
+
+def token_batches(source_lengths: Sequence[int], target_lengths: Sequence[int], *,
+                  max_tokens: int, shuffle: bool, seed: int = 0) -> list[list[int]]:
+    """Group sentence indices into batches of at most ``max_tokens`` padded tokens per side.
+
+    Sentences are sorted by (target, source) length so a batch pads little; with ``shuffle``, equal
+    lengths are ordered randomly and the batch order is shuffled (deterministically from ``seed``).
+    A sentence longer than ``max_tokens`` gets a batch of its own.
 
     Raises:
-        ValueError: ``batch_size`` < 1.
+        ValueError: lengths of different counts or a non-positive ``max_tokens``.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    order = list(range(len(lengths)))
-    if rng is None:
-        order.sort(key=lambda i: lengths[i])
-        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    rng.shuffle(order)
-    pool = max(1, pool_batches) * batch_size
+    if len(source_lengths) != len(target_lengths):
+        raise ValueError("source_lengths and target_lengths differ in length")
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    rng = random.Random(seed)
+    keys = [rng.random() if shuffle else 0.0 for _ in source_lengths]
+    order = sorted(range(len(source_lengths)),
+                   key=lambda i: (target_lengths[i], source_lengths[i], keys[i], i))
     batches: list[list[int]] = []
-    for start in range(0, len(order), pool):
-        chunk = sorted(order[start:start + pool], key=lambda i: lengths[i])
-        batches.extend(chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size))
-    rng.shuffle(batches)
+    current: list[int] = []
+    longest = 0
+    for index in order:
+        length = max(source_lengths[index], target_lengths[index])
+        if current and max(longest, length) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(index)
+        longest = max(longest, length)
+    if current:
+        batches.append(current)
+    if shuffle:
+        rng.shuffle(batches)
     return batches
 
 
-def pad_right(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """(ids (B, T), padding_mask (B, T) bool, True = real token) of right-padded sequences.
-
-    Raises:
-        ValueError: no sequences, or an empty one.
-    """
-    if not sequences:
-        raise ValueError("cannot pad zero sequences")
-    longest = max(len(sequence) for sequence in sequences)
-    if min(len(sequence) for sequence in sequences) == 0:
-        raise ValueError("cannot batch an empty sequence")
-    ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), longest), dtype=torch.bool)
-    for row, sequence in enumerate(sequences):
-        ids[row, :len(sequence)] = torch.as_tensor(sequence, dtype=torch.long)
-        mask[row, :len(sequence)] = True
-    return ids, mask
+def collate(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]] | None,
+            indices: Sequence[int], *, pad_id: int, bos_id: int, eos_id: int
+            ) -> TranslationBatch:
+    """Pad one batch: source + </s>; decoder input <s> + target; targets target + </s>."""
+    batch = len(sources)
+    source_length = max(len(s) for s in sources) + 1
+    source = torch.full((batch, source_length), pad_id, dtype=torch.long)  # (B, S)
+    for row, ids in enumerate(sources):
+        source[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        source[row, len(ids)] = eos_id
+    source_tokens = sum(len(s) + 1 for s in sources)
+    if targets is None:
+        empty = torch.empty((batch, 0), dtype=torch.long)
+        return TranslationBatch(source, empty, empty, 0, source_tokens,
+                                torch.tensor(list(indices), dtype=torch.long))
+    target_length = max(len(t) for t in targets) + 1
+    decoder_input = torch.full((batch, target_length), pad_id, dtype=torch.long)  # (B, T)
+    output = torch.full((batch, target_length), pad_id, dtype=torch.long)  # (B, T)
+    for row, ids in enumerate(targets):
+        ids = torch.tensor(ids, dtype=torch.long)
+        decoder_input[row, 0] = bos_id
+        decoder_input[row, 1:len(ids) + 1] = ids
+        output[row, :len(ids)] = ids
+        output[row, len(ids)] = eos_id
+    target_tokens = sum(len(t) + 1 for t in targets)
+    return TranslationBatch(source, decoder_input, output, target_tokens, source_tokens,
+                            torch.tensor(list(indices), dtype=torch.long))

@@ -1,1 +1,1 @@
-"""Tasks the training engine runs (see ``aiayn.training.Task``): classification, masked LM."""
+"""Tasks the training engine runs (each implements ``aiayn.training.Task``)."""

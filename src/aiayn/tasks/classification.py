@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
-from aiayn.data.batching import bucketed_batches, pad_right
+from aiayn.data.sequence_batches import bucketed_batches, pad_right
 from aiayn.data.labelled_tsv import LabelledTexts
 from aiayn.data.labels import LABELS_FILE, LabelMap
 from aiayn.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer

@@ -1,0 +1,139 @@
+"""``from_pretrained`` / ``save_pretrained``: Hugging Face checkpoint directories <-> aiayn models.
+
+Families (one module each, each with an explicit parameter-name map):
+
+    config.json model_type   architectures                                  aiayn model
+    bert                     BertModel / BertForMaskedLM /                  TransformerEncoder / MaskedLM /
+                             BertForSequenceClassification                  SequenceClassifier
+    gpt2                     GPT2Model / GPT2LMHeadModel                    CausalLM
+    marian, bart             MarianMTModel / BartForConditionalGeneration   Transformer
+                             (MarianModel / BartModel)
+
+Loading reads config.json and the safetensors (or weights-only ``pytorch_model.bin``) directly: it does
+not need ``transformers``. Saving writes files that ``transformers`` loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiayn.config import TransformerConfig
+from aiayn.interop import hf_bert, hf_gpt2, hf_marian
+from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, export_state, load_state, read_checkpoint,
+                                     read_config, write_checkpoint)
+
+FAMILIES = (hf_bert, hf_gpt2, hf_marian)
+TASKS = ("encoder", "masked_lm", "classification", "causal_lm", "seq2seq")
+
+
+def _family(config: dict[str, Any], directory: Path):
+    model_type = config.get("model_type")
+    for family in FAMILIES:
+        if model_type in family.MODEL_TYPES:
+            return family
+    supported = sorted(t for family in FAMILIES for t in family.MODEL_TYPES)
+    raise ValueError(f"{directory / CONFIG_FILE}: model_type={model_type!r} is not supported; aiayn "
+                     f"loads {', '.join(supported)}")
+
+
+def _architecture(config: dict[str, Any], family, directory: Path) -> str:
+    names = config.get("architectures") or [next(iter(family.ARCHITECTURES))]
+    if not isinstance(names, list) or names[0] not in family.ARCHITECTURES:
+        raise ValueError(f"{directory / CONFIG_FILE}: architectures={names!r} is not supported; "
+                         f"aiayn loads {', '.join(family.ARCHITECTURES)}")
+    return names[0]
+
+
+def from_pretrained(path: str | Path, *, task: str | None = None,
+                    dtype: torch.dtype | None = None, **overrides: Any) -> nn.Module:
+    """Load an HF-format checkpoint directory into the matching aiayn model, in eval mode.
+
+    Args:
+        path: a directory with ``config.json`` and ``model.safetensors`` (or shards with
+            ``model.safetensors.index.json``, or ``pytorch_model.bin``, read with weights_only=True).
+        task: which aiayn model to build; default the checkpoint's own. BERT checkpoints also load as
+            ``"encoder"``, ``"masked_lm"`` or ``"classification"`` whatever head they were saved with:
+            a head the checkpoint lacks is freshly initialised (e.g. a classifier on ``BertModel``
+            weights, for fine-tuning), a head the model lacks is dropped.
+        dtype: cast the loaded model to this dtype (default: float32, as built).
+        **overrides: TransformerConfig fields to set on top of the translated config (e.g.
+            ``num_labels=3``, ``dropout=0.0``, ``attention="reference"``, ``fused_projections=False``).
+
+    Returns:
+        ``TransformerEncoder``, ``MaskedLM``, ``SequenceClassifier``, ``CausalLM`` or ``Transformer``.
+
+    Raises:
+        FileNotFoundError: the directory, config.json or the weights are missing.
+        ValueError: unsupported model_type/architecture/config option, a truncated or corrupt weights
+            file, a missing or unexpected key, or a shape mismatch (naming the file and key).
+    """
+    directory = Path(path)
+    config = read_config(directory)  # checks model_type before reading large weights
+    family = _family(config, directory)
+    architecture = _architecture(config, family, directory)
+    if task is not None and task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(TransformerConfig)})
+    if unknown:
+        raise ValueError(f"unknown TransformerConfig field(s) in overrides: {', '.join(unknown)}")
+    checkpoint = read_checkpoint(directory)
+    model, name_map = family.plan(checkpoint, architecture, task, overrides)
+    load_state(model, checkpoint, name_map)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
+
+
+def from_transformers(hf_model: nn.Module, *, task: str | None = None,
+                      **overrides: Any) -> nn.Module:
+    """An aiayn model with the weights of an in-memory ``transformers`` model (no files written).
+
+    Same families, name maps and checks as ``from_pretrained``; handy for side-by-side benchmarks.
+
+    Raises:
+        ValueError: as ``from_pretrained`` (unsupported family, missing/unexpected keys, shapes).
+    """
+    config = hf_model.config.to_dict()
+    config["architectures"] = [type(hf_model).__name__]
+    source = Path(f"<in-memory {type(hf_model).__name__}>")
+    family = _family(config, source)
+    architecture = _architecture(config, family, source)
+    if task is not None and task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    tensors = {name: tensor.detach() for name, tensor in hf_model.state_dict().items()}
+    checkpoint = Checkpoint(source, config, tensors, {})
+    model, name_map = family.plan(checkpoint, architecture, task, overrides)
+    load_state(model, checkpoint, name_map)
+    return model.to(next(hf_model.parameters()).dtype).eval()
+
+
+def save_pretrained(model: nn.Module, path: str | Path) -> Path:
+    """Write an aiayn model as an HF checkpoint directory (config.json + model.safetensors).
+
+    ``TransformerEncoder``/``MaskedLM``/``SequenceClassifier`` are written as BERT, ``CausalLM`` as
+    ``GPT2LMHeadModel``, ``Transformer`` as ``MarianMTModel`` (sinusoidal "split" positions) or
+    ``BartForConditionalGeneration`` (learned positions with offset 2 and an embedding LayerNorm).
+    ``transformers.AutoModel*.from_pretrained(path)`` then reproduces the model's outputs.
+    Files are written atomically (temporary file, fsync, rename).
+
+    Raises:
+        ValueError: the model's config has a feature the HF family cannot express (the message
+            names the field), or the model is not an aiayn model of these families.
+    """
+    for family in FAMILIES:
+        if family.matches(model):
+            hf_config, name_map = family.export(model)
+            break
+    else:
+        raise ValueError(f"save_pretrained exports aiayn TransformerEncoder, MaskedLM, "
+                         f"SequenceClassifier, CausalLM and Transformer, not {type(model).__name__}")
+    tensors = export_state(model, name_map)
+    tensors.update(getattr(family, "extra_tensors", lambda m: {})(model))
+    directory = Path(path)
+    write_checkpoint(directory, hf_config, tensors)
+    return directory

@@ -1,0 +1,105 @@
+"""The tokenizer that comes with a Hugging Face checkpoint, through the ``tokenizers`` library.
+
+``tokenizer.json`` (any model: BERT WordPiece, GPT-2 byte-level BPE, ...) is loaded as is; a BERT
+directory with only ``vocab.txt`` gets the standard BERT WordPiece pipeline (lower-casing from
+``tokenizer_config.json``'s ``do_lower_case``). Padding and truncation stored in ``tokenizer.json``
+(all-MiniLM-L6-v2 pads every text to 128) are switched off: aiayn builds its own padding masks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token",
+                  "eos_token")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    return data if isinstance(data, dict) else {}
+
+
+class PretrainedTokenizer:
+    """Text <-> token ids with a checkpoint's vocabulary.
+
+    Attributes:
+        special_ids: e.g. ``{"pad_token": 0, "cls_token": 101, ...}`` for the special tokens named in
+            ``special_tokens_map.json`` / ``tokenizer_config.json`` that the vocabulary holds.
+    """
+
+    def __init__(self, tokenizer, special_tokens: dict[str, str]):
+        self._tokenizer = tokenizer
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        self.special_ids = {name: tokenizer.token_to_id(token) for name, token in special_tokens.items()
+                            if tokenizer.token_to_id(token) is not None}
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def pad_id(self) -> int | None:
+        return self.special_ids.get("pad_token")
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of one text (with [CLS] ... [SEP] or the model's template by default)."""
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[int]]:
+        return [e.ids for e in self._tokenizer.encode_batch(texts,
+                                                            add_special_tokens=add_special_tokens)]
+
+    def tokens(self, text: str, *, add_special_tokens: bool = True) -> list[str]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).tokens
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def load_tokenizer(path: str | Path) -> PretrainedTokenizer:
+    """The tokenizer of an HF checkpoint directory: ``tokenizer.json``, else BERT's ``vocab.txt``.
+
+    Raises:
+        FileNotFoundError: the directory has neither file.
+        ValueError: a file is malformed.
+    """
+    from tokenizers import Tokenizer
+
+    directory = Path(path)
+    settings = _read_json(directory / "tokenizer_config.json")
+    specials = {name: value for name, value in settings.items()
+                if name in SPECIAL_TOKENS and isinstance(value, str)}
+    for name, value in _read_json(directory / "special_tokens_map.json").items():
+        if name in SPECIAL_TOKENS:
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                specials[name] = value
+    tokenizer_file, vocab_file = directory / "tokenizer.json", directory / "vocab.txt"
+    if tokenizer_file.is_file():
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as error:  # tokenizers raises a bare Exception for malformed files
+            raise ValueError(f"{tokenizer_file}: not a readable tokenizer ({error})") from None
+    elif vocab_file.is_file():
+        from tokenizers.implementations import BertWordPieceTokenizer
+
+        tokenizer = BertWordPieceTokenizer(str(vocab_file),
+                                           lowercase=bool(settings.get("do_lower_case", True)))._tokenizer
+        for name, default in (("pad_token", "[PAD]"), ("unk_token", "[UNK]"), ("cls_token", "[CLS]"),
+                              ("sep_token", "[SEP]"), ("mask_token", "[MASK]")):
+            specials.setdefault(name, default)
+    else:
+        raise FileNotFoundError(f"{directory}: no tokenizer found (looked for tokenizer.json and "
+                                f"vocab.txt)")
+    return PretrainedTokenizer(tokenizer, specials)

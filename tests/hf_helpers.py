@@ -1,0 +1,69 @@
+"""Shared helpers for the Hugging Face interop tests: random HF models, inputs, the greedy loop."""
+
+from __future__ import annotations
+
+import torch
+
+
+def randomise(hf_model, *, std: float = 0.2, skip: tuple[str, ...] = ("embed_positions",)) -> None:
+    """Every weight (LayerNorms and logits biases included) random, so no parameter hides as 1 or 0."""
+    generator = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for name, tensor in list(hf_model.named_parameters()) + list(hf_model.named_buffers()):
+            if any(part in name for part in skip) or not tensor.is_floating_point():
+                continue
+            if name.endswith("final_logits_bias") or "LayerNorm" in name or "layer_norm" in name \
+                    or "layernorm" in name or name.split(".")[-2].startswith("ln_"):
+                tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.3
+                             + (1.0 if name.endswith("weight") else 0.0))
+            else:
+                tensor.copy_(torch.randn(tensor.shape, generator=generator) * std)
+
+
+def padded_ids(vocab: int, lengths: list[int], *, pad: int, low: int = 3, seed: int = 0):
+    """Right-padded random ids (B, T) avoiding special ids below ``low``, and the mask (True = real)."""
+    generator = torch.Generator().manual_seed(seed)
+    length = max(lengths)
+    ids = torch.randint(low, vocab, (len(lengths), length), generator=generator)
+    mask = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]
+    ids = ids.masked_fill(~mask, pad)
+    return ids, mask
+
+
+def max_diff_where(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    """Largest |a - b| over the real positions (mask (B, T) True) of (B, T, ...) tensors."""
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a - b).abs()[mask].max().item()
+
+
+@torch.no_grad()
+def greedy_causal_lm(model, prompt: torch.Tensor, steps: int, eos: int | None) -> torch.Tensor:
+    """Greedy decoding with aiayn's static KV cache: prompt (1, P) -> (1, P + generated)."""
+    cache = model.new_cache(batch=prompt.shape[0], max_length=prompt.shape[1] + steps)
+    logits = model(prompt, cache=cache)
+    out = [prompt]
+    for _ in range(steps):
+        token = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        out.append(token)
+        if eos is not None and token.item() == eos:
+            break
+        logits = model(token, cache=cache)
+    return torch.cat(out, dim=1)
+
+
+@torch.no_grad()
+def greedy_seq2seq(model, src: torch.Tensor, src_mask: torch.Tensor, steps: int,
+                   eos: int | None) -> torch.Tensor:
+    """Greedy decoding of a ``Transformer`` with its cache: src (1, S) -> (1, 1 + generated)."""
+    memory = model.encode(src, src_mask)
+    cache = model.new_cache(batch=1, max_length=steps + 1)
+    token = torch.full((1, 1), model.config.decoder_start_id, dtype=torch.long)
+    out = [token]
+    logits = model.decode(token, memory, memory_padding_mask=src_mask, cache=cache)
+    for _ in range(steps):
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        out.append(token)
+        if eos is not None and token.item() == eos:
+            break
+        logits = model.decode(token, None, memory_padding_mask=src_mask, cache=cache)
+    return torch.cat(out, dim=1)
