@@ -1,4 +1,4 @@
-"""Masked-LM pretraining (BERT's 15% masking, 80/10/10) of an encoder on plain text.
+"""Masked-LM pretraining of an encoder on plain text (BERT: 15 percent of tokens masked, 80/10/10).
 
 ``aiayn train mlm --data TEXT --out RUN_DIR``: one text per line (a TSV with a ``text`` header column
 also works). The run can then start a classifier: ``aiayn train classification --init RUN_DIR``.

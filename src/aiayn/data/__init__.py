@@ -1,4 +1,3 @@
-"""Data readers, tokenizers and batching: parallel corpora for translation (``parallel``, ``tokenizer``,
-``batching``), plain text for language modelling (``text``), labelled text for classification and
-masked-LM pretraining (``labelled_tsv``, ``labels``, ``splits``, ``wordpiece``, ``masking``,
-``row_batching``)."""
+"""Data for the tasks: text files and readers, splits, subword tokenizers, batching; translation
+(parallel corpus, joint tokenizer, token-count batching) and classification / masked LM (labelled
+TSV, label maps, stratified split, WordPiece, BERT masking)."""

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
-from aiayn.data.row_batching import bucketed_batches, pad_right
+from aiayn.data.sequence_batches import bucketed_batches, pad_right
 from aiayn.data.labelled_tsv import LabelledTexts
 from aiayn.data.labels import LABELS_FILE, LabelMap
 from aiayn.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
@@ -110,9 +110,9 @@ class ClassificationTask:
         with a pretrained encoder, its architecture instead of the preset's."""
         if self.pretrained is not None:
             config = self.pretrained.config
-            if self.max_tokens > config.max_length and config.positions == "learned":
+            if self.max_tokens > config.max_length:
                 raise ValueError(f"max_tokens {self.max_tokens} exceeds the pretrained encoder's "
-                                 f"{config.max_length} positions")
+                                 f"{config.max_length} positions (lower --max-tokens)")
             return config.replace(num_labels=len(self.labels), pooling=self.pooling)
         # src_vocab_size=None: re-derived from vocab_size (replace keeps the preset's otherwise)
         return base.replace(vocab_size=self.tokenizer.vocab_size, src_vocab_size=None,

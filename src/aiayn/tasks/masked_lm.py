@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
-from aiayn.data.row_batching import bucketed_batches, pad_right
+from aiayn.data.sequence_batches import bucketed_batches, pad_right
 from aiayn.data.masking import IGNORE_INDEX, MaskingRule, mask_tokens
 from aiayn.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
 from aiayn.models.encoder_only import MaskedLM
