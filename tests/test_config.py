@@ -92,3 +92,15 @@ def test_family_layer_counts_follow_config():
     config = TransformerConfig.preset("tiny", n_encoder_layers=3, n_decoder_layers=1)
     assert len(TransformerEncoder(config).encoder.layers) == 3
     assert len(CausalLM(config).decoder.layers) == 1
+
+
+def test_replace_keeps_derived_fields_following_their_source():
+    config = TransformerConfig.preset("tiny")
+    bigger = config.replace(vocab_size=500)
+    assert bigger.src_vocab_size == 500
+    assert config.replace(norm_first=True).final_norm is True
+    assert config.replace(bos_id=5).decoder_start_id == 5
+    explicit = TransformerConfig.preset("tiny", tie_source_target=False, src_vocab_size=40)
+    assert explicit.replace(vocab_size=500).src_vocab_size == 40  # set on purpose: kept
+    marian = TransformerConfig.preset("tiny", decoder_start_id=0)
+    assert marian.replace(bos_id=3).decoder_start_id == 0

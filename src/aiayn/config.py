@@ -154,7 +154,16 @@ class TransformerConfig:
         return cls(**{**PRESETS[name], **overrides})
 
     def replace(self, **changes: Any) -> "TransformerConfig":
-        """A copy with some fields changed, validated again."""
+        """A copy with some fields changed, validated again.
+
+        A derived field that still holds its derived value follows its source: changing
+        ``vocab_size`` also changes an untouched ``src_vocab_size`` (and likewise ``norm_first`` ->
+        ``final_norm``, ``bos_id`` -> ``decoder_start_id``).
+        """
+        for derived, source in _DERIVED_FIELDS:
+            if source in changes and derived not in changes \
+                    and getattr(self, derived) == getattr(self, source):
+                changes[derived] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,6 +195,11 @@ class TransformerConfig:
             return cls.from_dict(data)
         except (TypeError, ValueError) as error:
             raise ValueError(f"{path}: {error}") from None
+
+
+# (derived field, the field it defaults to): __post_init__ fills a None derived field from its source.
+_DERIVED_FIELDS = (("src_vocab_size", "vocab_size"), ("final_norm", "norm_first"),
+                   ("decoder_start_id", "bos_id"))
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
