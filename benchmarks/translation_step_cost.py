@@ -3,7 +3,11 @@
 Run from the repository root: PYTHONPATH=src python3 benchmarks/translation_step_cost.py
 Prints one JSON line (tokenizer+encoding CPU time, CPU s per step, target tokens per CPU s).
 """
-import time, json, torch, tempfile
+import json
+import time
+
+import torch
+
 torch.set_num_threads(2)
 from aiayn.config import TransformerConfig
 from aiayn.tasks.translation import TranslationTask
