@@ -69,8 +69,8 @@ class TrainingConfig:
             ``accumulation`` is per rank: the global batch is the task's batch x accumulation x ranks.
         activation_checkpointing: recompute each layer's activations in the backward pass.
         compile: ``torch.compile`` the model (in place; names and checkpoints are unchanged).
-        time_limit: stop after the first step that ends past this many seconds of training in
-            this process (None: no limit); the run then finishes as if ``steps`` were reached.
+        time_limit: seconds of training in this process after which no new step starts (at least
+            one step runs; None: no limit); the run then finishes as if ``steps`` were reached.
     """
 
     steps: int = 100_000
@@ -398,8 +398,10 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     window_start = time.perf_counter()
     grad_norm = torch.zeros((), device=device)
     train_start, cpu_start = time.perf_counter(), time.process_time()
+    first_step = step
     while step < config.steps:
-        if config.time_limit is not None and time.perf_counter() - train_start > config.time_limit:
+        if config.time_limit is not None and step > first_step and \
+                time.perf_counter() - train_start > config.time_limit:
             log.write({"step": step, "split": "train", "stopped": "time_limit",
                        "seconds": time.perf_counter() - train_start})
             break
