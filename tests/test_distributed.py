@@ -171,7 +171,7 @@ def reference(tmp_path_factory):
     return run_dir
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path, reference,
                                                                     strategy):
     run_dir = tmp_path / "run"
@@ -199,6 +199,7 @@ def test_killed_run_resumed_with_two_processes_reaches_the_same_weights(tmp_path
     _assert_same_run(run_dir, reference)
 
 
+@pytest.mark.slow
 def test_a_failing_rank_shuts_every_rank_down_without_hanging(tmp_path):
     codes, errors = _launch(tmp_path / "run", task={"fail_rank": 0, "fail_at": 2},
                             timeout_s=15.0, join_s=90.0)
@@ -215,6 +216,7 @@ def test_ranks_that_disagree_on_the_config_fail_with_a_clear_error(tmp_path):
     assert not (tmp_path / "run" / "run.json").exists()  # nothing written
 
 
+@pytest.mark.slow
 def test_ranks_that_disagree_on_the_data_fail_with_a_clear_error(tmp_path):
     # A task seeded by the rank (a common mistake): different batches on each rank.
     codes, errors = _launch(tmp_path / "run", per_rank_task={1: {"seed": 1}})
@@ -278,9 +280,21 @@ def test_activation_checkpointing_and_bf16_train_and_save_like_the_plain_model(t
 
 
 @pytest.mark.slow
-def test_compile_option_trains_a_tiny_model(tmp_path):
+def test_compile_option_trains_a_tiny_model(tmp_path, monkeypatch):
+    # The option compiles the model in place with the default (inductor) backend; here the
+    # aot_eager backend keeps the test short on a CPU (same Dynamo capture and AOT autograd, no
+    # C++ code generation).
+    compiled = []
+    plain_compile = torch.nn.Module.compile
+
+    def compile_for_test(module, *args, **kwargs):
+        compiled.append(type(module).__name__)
+        return plain_compile(module, *args, **{**kwargs, "backend": "aot_eager"})
+
+    monkeypatch.setattr(torch.nn.Module, "compile", compile_for_test)
     _single(tmp_path / "plain", steps=2)
     _single(tmp_path / "compiled", steps=2, compile=True)
+    assert compiled == ["CausalLM"]
     assert _losses(tmp_path / "compiled") == pytest.approx(_losses(tmp_path / "plain"), rel=1e-4)
     assert _weights(tmp_path / "compiled").keys() == _weights(tmp_path / "plain").keys()
 
