@@ -21,8 +21,8 @@ What is sharded, and how:
   all-reduce (DDP ``no_sync``, FSDP ``set_requires_gradient_sync(False)``).
 * Parameters: "ddp" replicates the model (DistributedDataParallel); "fsdp" shards parameters,
   gradients and optimizer state over ranks (``torch.distributed.fsdp.fully_shard``, FSDP2: one unit
-  per encoder/decoder layer plus the root for embeddings and heads). Checkpoints always hold the full,
-  unsharded weights and optimizer state (gathered on rank 0), so any world size can resume them.
+  per encoder/decoder layer plus the root for embeddings and heads). Checkpoints always hold the
+  full, unsharded weights and optimizer state (gathered on rank 0): any world size resumes them.
 * Files: only rank 0 writes logs, checkpoints and run.json; every rank reads the same checkpoint
   when resuming (the run directory must be on a filesystem every node can read).
 """

@@ -66,7 +66,7 @@ class TrainingConfig:
         device: "cpu", "cuda", ... (None: cuda if available).
         distributed: under torchrun (an initialised process group with 2+ ranks), "ddp"
             (DistributedDataParallel) or "fsdp" (FSDP2 fully_shard); see training/distributed.py.
-            ``accumulation`` is per rank: the global batch is the task's batch x accumulation x ranks.
+            ``accumulation`` is per rank: the global batch is task batch x accumulation x ranks.
         activation_checkpointing: recompute each layer's activations in the backward pass.
         compile: ``torch.compile`` the model (in place; names and checkpoints are unchanged).
     """
