@@ -102,10 +102,11 @@ def _worker(rank, world, port, run_dir, config_changes, task_changes, timeout_s,
     torch.set_num_threads(1)
     try:
         with process_group_from_env(device="cpu", timeout_s=timeout_s):
+            config = CONFIG.replace(dropout=task_changes.pop("dropout", 0.0))
             task = TinyLMTask(**task_changes)
             torch.manual_seed(0)
-            train(task.build_model(CONFIG), task, _config(**config_changes), run_dir,
-                  model_config=CONFIG)
+            train(task.build_model(config), task, _config(**config_changes), run_dir,
+                  model_config=config)
     except BaseException as error:  # reported to the test through a file
         Path(error_file).write_text(f"{type(error).__name__}: {error}\n"
                                     f"{traceback.format_exc()}", encoding="utf-8")
@@ -209,6 +210,25 @@ def test_killed_run_resumed_with_two_processes_reaches_the_same_weights(tmp_path
     codes, errors = _launch(run_dir, config={"accumulation": 2, "distributed": strategy})
     assert codes == [0, 0], errors
     _assert_same_run(run_dir, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+def test_resume_with_dropout_continues_every_ranks_random_stream(tmp_path):
+    uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
+    codes, errors = _launch(uninterrupted, task={"dropout": 0.3})
+    assert codes == [0, 0], errors
+    codes, errors = _launch(resumed, task={"dropout": 0.3, "fail_rank": 1, "fail_at": 3},
+                            timeout_s=20.0)
+    assert codes[1] == 1 and "simulated failure on rank 1" in errors[1]
+    saved = read_tensors(resumed / "checkpoints" / "step-2" / "trainer_state.safetensors")
+    assert "rng/rank1/torch" in saved and "rng/rank0/torch" not in saved
+    codes, errors = _launch(resumed, task={"dropout": 0.3})
+    assert codes == [0, 0], errors
+    assert _losses(resumed) == _losses(uninterrupted)
+    mine, theirs = _weights(resumed), _weights(uninterrupted)
+    for name in theirs:
+        torch.testing.assert_close(mine[name], theirs[name], rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.slow

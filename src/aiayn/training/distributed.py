@@ -331,6 +331,39 @@ class Parallel:
         full = getattr(norm, "full_tensor", None)
         return full() if full is not None else norm
 
+    # -- random state of ranks > 0 -------------------------------------------------------------
+    def gather_rng_states(self) -> dict[str, Tensor]:
+        """Every rank's torch (and CUDA) RNG state for rank 0's checkpoint, as tensors named
+        ``rng/rank{r}/torch`` (rank 0's own state is saved by the trainer as in one process).
+        A collective: every rank calls it; other ranks get {}."""
+        if not self.active:
+            return {}
+        states = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            states["cuda"] = torch.cuda.get_rng_state(self.device)
+        saved = {}
+        for kind, state in states.items():
+            local = state.to(self._comm_device)
+            gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+            dist.all_gather(gathered, local)
+            saved.update({f"rng/rank{rank}/{kind}": value.cpu()
+                          for rank, value in enumerate(gathered) if rank})
+        return saved if self.main else {}
+
+    def restore_rank_rng(self, tensors: dict[str, Tensor], *, seed: int, step: int) -> None:
+        """On rank r > 0, restore the state saved by ``gather_rng_states`` (exact resume with
+        dropout); a checkpoint from fewer ranks has none, then r draws a fresh seeded stream."""
+        if not self.rank:
+            return
+        key = f"rng/rank{self.rank}/torch"
+        if key not in tensors:
+            torch.manual_seed(rank_seed(seed, self.rank, step))
+            return
+        torch.set_rng_state(tensors[key])
+        cuda = tensors.get(f"rng/rank{self.rank}/cuda")
+        if cuda is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(cuda, self.device)
+
     # -- agreement between ranks -----------------------------------------------------------------
     def check_agreement(self, parts: dict[str, Any]) -> None:
         """Raise on every rank if the ranks disagree on any of ``parts`` (JSON-able values or

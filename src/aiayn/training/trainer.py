@@ -337,8 +337,7 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
                                load=lambda state: parallel.load_optimizer_state_dict(optimizer,
                                                                                      state))
         restore_rng(tensors, meta["rng"])
-        if parallel.rank:
-            torch.manual_seed(distributed.rank_seed(config.seed, parallel.rank, meta["step"]))
+        parallel.restore_rank_rng(tensors, seed=config.seed, step=meta["step"])
         if scaler is not None and meta.get("scaler"):
             scaler.load_state_dict(meta["scaler"])
         step, epoch, batch_index = meta["step"], meta["epoch"], meta["batch_index"]
@@ -349,6 +348,7 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     def save_checkpoint() -> None:
         full_model = parallel.full_model()  # collectives under FSDP: every rank gets here
         optimizer_state = parallel.optimizer_state_dict(optimizer)
+        rank_rng = parallel.gather_rng_states()
         if not main:
             return
         opt_tensors, opt_meta = optimizer_to_tensors(optimizer, state_dict=optimizer_state)
@@ -357,7 +357,8 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
                 "batch_index": batches.index, "optimizer": opt_meta, "rng": rng_meta,
                 "best": best, "skipped": skipped, "units": units_total,
                 "scaler": scaler.state_dict() if scaler is not None else None}
-        write_checkpoint(checkpoint_dir, step, full_model, {**opt_tensors, **rng_tensors}, meta)
+        write_checkpoint(checkpoint_dir, step, full_model,
+                         {**opt_tensors, **rng_tensors, **rank_rng}, meta)
         if config.keep_last:
             for old in list_checkpoints(checkpoint_dir)[:-config.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
