@@ -64,6 +64,8 @@ class TrainingConfig:
         nonfinite: "skip" (drop an update whose gradient is inf/NaN, count it) or "raise".
         progress: show a tqdm progress bar.
         device: "cpu", "cuda", ... (None: cuda if available).
+        time_limit: stop after the first step that ends past this many seconds of training in
+            this process (None: no limit); the run then finishes as if ``steps`` were reached.
     """
 
     steps: int = 100_000
@@ -87,6 +89,7 @@ class TrainingConfig:
     nonfinite: Literal["skip", "raise"] = "skip"
     progress: bool = True
     device: str | None = None
+    time_limit: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.schedule, dict):
@@ -116,6 +119,8 @@ class TrainingConfig:
             raise ValueError(f"best_mode must be 'min' or 'max', got {self.best_mode!r}")
         if self.nonfinite not in ("skip", "raise"):
             raise ValueError(f"nonfinite must be 'skip' or 'raise', got {self.nonfinite!r}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError(f"time_limit must be positive or None, got {self.time_limit!r}")
         if self.keep_last and self.average_last > self.keep_last:
             raise ValueError(f"average_last ({self.average_last}) needs keep_last >= it, got "
                              f"keep_last={self.keep_last}")
@@ -356,7 +361,12 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     window_start = time.perf_counter()
     grad_norm = torch.zeros((), device=device)
     no_sync = getattr(model, "no_sync", None)  # DistributedDataParallel
+    train_start, cpu_start = time.perf_counter(), time.process_time()
     while step < config.steps:
+        if config.time_limit is not None and time.perf_counter() - train_start > config.time_limit:
+            log.write({"step": step, "split": "train", "stopped": "time_limit",
+                       "seconds": time.perf_counter() - train_start})
+            break
         micro = [batches.next() for _ in range(config.accumulation)]
         units = sum(task.count(batch) for batch in micro)
         if units <= 0:
@@ -402,7 +412,9 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
             record = {"step": step, "split": "train", "loss": mean_loss,
                       "ppl": math.exp(min(mean_loss, 50.0)), "lr": lr,
                       "grad_norm": float(grad_norm), "units_per_s": window_units / elapsed,
-                      "epoch": batches.epoch, "skipped": skipped}
+                      "epoch": batches.epoch, "skipped": skipped,
+                      "seconds": time.perf_counter() - train_start,
+                      "cpu_seconds": time.process_time() - cpu_start}
             log.write(record)
             if progress is not None:
                 progress.set_postfix(loss=f"{mean_loss:.3f}", ppl=f"{record['ppl']:.1f}",
