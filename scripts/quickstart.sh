@@ -1,7 +1,25 @@
 #!/usr/bin/env bash
-# README command 1: install aiayn, then run the main job on bundled data.
+# README command 1 (the main job): install aiayn, train the default English->German Transformer on
+# the bundled Debian DDTP corpus (about 10 minutes on 2 CPU cores), then print its test BLEU with
+# greedy and beam search and a few translations. Re-running resumes / reuses runs/quickstart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The CPU wheel first: any other torch request can pull a multi-GB CUDA build.
 python3 -m pip install -q torch==2.13.0
-python3 -m pip install -q -e ".[dev]"
-aiayn demo
+python3 -m pip install -q -e ".[translation]"
+RUN=${RUN:-runs/quickstart}
+DATA=data/ddtp_en_de.tsv.gz
+# Default preset mt-cpu; training stops at 3000 steps or after 9 minutes, whichever comes first.
+aiayn train translation --data "$DATA" --out "$RUN" --time-limit 540 --threads 2
+echo "== test BLEU, greedy"
+aiayn evaluate "$RUN" --data "$DATA" --split test --beam 1 --threads 2
+echo "== test BLEU, beam 4, alpha 0.6"
+aiayn evaluate "$RUN" --data "$DATA" --split test --beam 4 --alpha 0.6 --threads 2
+echo "== a few translations (beam 4)"
+SENTENCES=$(printf '%s\n' \
+  "This package contains the documentation." \
+  "A simple tool to convert images between different formats." \
+  "This is a transitional dummy package. It can safely be removed." \
+  "The library is written in C and has no dependencies.")
+echo "$SENTENCES" | aiayn translate "$RUN" --threads 2 | paste <(echo "$SENTENCES") - \
+  | sed 's/\t/\n    => /'

@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "aiayn.commands.demo",
     "aiayn.commands.train",
     "aiayn.commands.evaluate",
+    "aiayn.commands.translate",
     "aiayn.commands.generate",
 )
 

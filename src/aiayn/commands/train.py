@@ -76,6 +76,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
     group = parser.add_argument_group("optimisation")
     group.add_argument("--steps", type=int, default=100_000, help="optimizer updates")
+    group.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                       help="stop training after this many seconds (then evaluate and save)")
     group.add_argument("--optimizer", choices=("adam", "adamw"), default="adam")
     group.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.98))
     group.add_argument("--adam-eps", type=float, default=1e-9)
@@ -152,7 +154,7 @@ def training_config_from_args(args: argparse.Namespace, d_model: int):
         save_every=args.save_every, log_every=args.log_every, keep_last=args.keep_last,
         average_last=args.average_last, best_metric=best, best_mode=args.best_mode,
         seed=args.seed, nonfinite=args.nonfinite, progress=not args.no_progress,
-        device=args.device, distributed=args.distributed,
+        device=args.device, time_limit=args.time_limit, distributed=args.distributed,
         activation_checkpointing=args.activation_checkpointing, compile=args.compile)
 
 

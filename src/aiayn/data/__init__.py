@@ -1,1 +1,2 @@
-"""Data readers and vocabularies (``aiayn.data.text``: plain text for language modelling)."""
+"""Data: parallel corpora, the joint subword tokenizer and token-count batching (translation);
+plain text, the character vocabulary and blocks (``text``, language modelling)."""

@@ -1,1 +1,2 @@
-"""Decoding: sampling from decoder-only models (``aiayn.decoding.sampling``)."""
+"""Decoding: greedy and beam search for encoder-decoder models (``greedy``, ``beam``), sampling from
+decoder-only models (``sampling``)."""

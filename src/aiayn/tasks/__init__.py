@@ -1,1 +1,1 @@
-"""Tasks for the training engine (``aiayn.tasks.lm``: decoder-only language modelling)."""
+"""Tasks the training engine runs (each implements ``aiayn.training.Task``)."""

@@ -64,6 +64,8 @@ class TrainingConfig:
         nonfinite: "skip" (drop an update whose gradient is inf/NaN, count it) or "raise".
         progress: show a tqdm progress bar.
         device: "cpu", "cuda", ... (None: cuda if available).
+        time_limit: stop after the first step that ends past this many seconds of training in
+            this process (None: no limit); the run then finishes as if ``steps`` were reached.
         distributed: under torchrun (an initialised process group with 2+ ranks), "ddp"
             (DistributedDataParallel) or "fsdp" (FSDP2 fully_shard); see training/distributed.py.
             ``accumulation`` is per rank: the global batch is task batch x accumulation x ranks.
@@ -92,6 +94,7 @@ class TrainingConfig:
     nonfinite: Literal["skip", "raise"] = "skip"
     progress: bool = True
     device: str | None = None
+    time_limit: float | None = None
     distributed: Literal["ddp", "fsdp"] = "ddp"
     activation_checkpointing: bool = False
     compile: bool = False
@@ -124,6 +127,8 @@ class TrainingConfig:
             raise ValueError(f"best_mode must be 'min' or 'max', got {self.best_mode!r}")
         if self.nonfinite not in ("skip", "raise"):
             raise ValueError(f"nonfinite must be 'skip' or 'raise', got {self.nonfinite!r}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError(f"time_limit must be positive or None, got {self.time_limit!r}")
         if self.distributed not in distributed.STRATEGIES:
             raise ValueError(f"distributed must be one of {distributed.STRATEGIES}, got "
                              f"{self.distributed!r}")
@@ -393,7 +398,14 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     window_units = 0
     window_start = time.perf_counter()
     grad_norm = torch.zeros((), device=device)
+    train_start, cpu_start = time.perf_counter(), time.process_time()
     while step < config.steps:
+        # Every rank stops at the same step (rank 0's clock decides; a collective only with a limit).
+        if config.time_limit is not None and parallel.agree(
+                time.perf_counter() - train_start > config.time_limit):
+            log.write({"step": step, "split": "train", "stopped": "time_limit",
+                       "seconds": time.perf_counter() - train_start})
+            break
         micro = parallel.step_batches(batches, config.accumulation)  # this rank's share
         units = parallel.global_count(sum(task.count(batch) for batch in micro))
         if units <= 0:
@@ -437,7 +449,9 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
             record = {"step": step, "split": "train", "loss": mean_loss,
                       "ppl": math.exp(min(mean_loss, 50.0)), "lr": lr,
                       "grad_norm": float(grad_norm), "units_per_s": window_units / elapsed,
-                      "epoch": batches.epoch, "skipped": skipped}
+                      "epoch": batches.epoch, "skipped": skipped,
+                      "seconds": time.perf_counter() - train_start,
+                      "cpu_seconds": time.process_time() - cpu_start}
             log.write(record)
             if progress is not None:
                 progress.set_postfix(loss=f"{mean_loss:.3f}", ppl=f"{record['ppl']:.1f}",

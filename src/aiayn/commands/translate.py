@@ -1,0 +1,55 @@
+"""``aiayn translate RUN_DIR``: translate stdin to stdout, one sentence a line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "translate", help="translate stdin to stdout with a trained translation run",
+        description="Read sentences from stdin (one a line) and write their translations to "
+                    "stdout in the same order, with beam search (paper 6.1: beam 4, alpha 0.6).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by "
+                                                           "'aiayn train translation'")
+    parser.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
+    parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty exponent")
+    parser.add_argument("--max-tokens", type=int, default=4000, help="tokens per decoding batch")
+    parser.add_argument("--batch-lines", type=int, default=256,
+                        help="lines read before translating (bounds memory on long inputs)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from aiayn.training import load_run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.beam < 1:
+        raise ValueError(f"--beam must be at least 1, got {args.beam}")
+    run_ = load_run(args.run_dir, task="translation")
+    model = run_.model.to(args.device)
+    lines: list[str] = []
+    for line in sys.stdin:
+        lines.append(line.rstrip("\r\n"))
+        if len(lines) >= args.batch_lines:
+            _flush(model, run_.assets, lines, args)
+            lines = []
+    if lines:
+        _flush(model, run_.assets, lines, args)
+    return 0
+
+
+def _flush(model, tokenizer, lines, args) -> None:
+    from aiayn.tasks.translate import translate_texts
+
+    for output in translate_texts(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha,
+                                  max_tokens=args.max_tokens):
+        sys.stdout.write(output + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,137 @@
+"""Beam search for an encoder-decoder ``Transformer`` (paper 6.1: beam 4, length penalty alpha 0.6,
+maximum output length input + 50), batched over sentences, on the KV cache.
+
+Each sentence keeps K live hypotheses. Per step, the 2K best one-token extensions of all its beams
+are ranked; extensions that end with </s> among the first K become finished hypotheses scored by
+log P / lp, with GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016, the paper's reference), and
+the K best other extensions live on (``cache.reorder`` moves their keys/values). A sentence is done
+when it has K finished hypotheses or when no live one can still beat its best finished one; done
+sentences leave the batch. Rows never interact, so results do not depend on the batching, and beam 1
+equals greedy search.
+
+Legend: B sentences, K beams, S source length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.decoding.greedy import Hypothesis, blocked_tokens, output_limits
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha; alpha 0 gives 1 (plain log-probability)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@torch.no_grad()
+def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_size: int = 4,
+                alpha: float = 0.6, max_extra: int = 50) -> list[Hypothesis]:
+    """The best hypothesis of a beam search for each sentence.
+
+    Args:
+        model: an encoder-decoder ``Transformer`` (in eval mode).
+        source: (B, S) source ids; ``source_mask`` (B, S) True on real tokens.
+        beam_size: K (paper: 4); 1 is greedy search.
+        alpha: length penalty exponent (paper: 0.6).
+        max_extra: output may be up to source length + ``max_extra`` tokens (paper: 50).
+
+    Raises:
+        ValueError: beam_size < 1 or larger than the vocabulary allows, alpha < 0.
+    """
+    config = model.config
+    vocab = config.vocab_size
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+    if 2 * beam_size > vocab:
+        raise ValueError(f"beam_size {beam_size} is too large for a vocabulary of {vocab}")
+    if alpha < 0:
+        raise ValueError(f"alpha must be non-negative, got {alpha!r}")
+    K, eos = beam_size, config.eos_id
+    device = source.device
+    batch = source.shape[0]
+    limits_all = output_limits(source_mask, max_extra=max_extra,
+                               model_max_length=config.max_length)
+    steps = int(limits_all.max())
+    memory = model.encode(source, source_mask)  # (B, S, D)
+    memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, D)
+    mask = source_mask.repeat_interleave(K, dim=0)  # (B*K, S)
+    cache = model.new_cache(batch * K, steps + 1)
+    alive = list(range(batch))  # original sentence index of each live batch entry
+    limits = limits_all.tolist()
+    # Only beam 0 is real at the start; the others would duplicate it.
+    scores = torch.full((batch, K), -torch.inf, device=device)  # (B, K) summed log-probabilities
+    scores[:, 0] = 0.0
+    history = torch.empty((batch * K, 0), dtype=torch.long, device=device)  # (B*K, t)
+    tokens = torch.full((batch * K, 1), config.decoder_start_id, dtype=torch.long, device=device)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    blocked = blocked_tokens(model)
+    first = True
+    for step in range(steps):
+        n = len(alive)
+        logits = model.decode(tokens, memory if first else None, memory_padding_mask=mask,
+                              cache=cache)[:, -1].float()  # (n*K, V)
+        first = False
+        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs[:, blocked] = -torch.inf
+        at_limit = torch.tensor([limits[i] <= step + 1 for i in alive], device=device)
+        if bool(at_limit.any()):  # the last position a sentence may use: </s> only
+            forced = at_limit.repeat_interleave(K)  # (n*K,)
+            keep_eos = log_probs[:, eos].clone()
+            log_probs[forced] = -torch.inf
+            log_probs[forced, eos] = keep_eos[forced]
+        candidates = scores.unsqueeze(2) + log_probs.view(n, K, vocab)  # (n, K, V)
+        top_scores, top_index = candidates.view(n, K * vocab).topk(2 * K, dim=1)  # (n, 2K)
+        top_beam = top_index // vocab  # (n, 2K)
+        top_token = top_index % vocab  # (n, 2K)
+        is_eos = top_token == eos
+
+        # Finished hypotheses: </s> extensions among the first K candidates (fairseq's rule).
+        eos_first_k = (is_eos[:, :K] & torch.isfinite(top_scores[:, :K])).nonzero().tolist()
+        if eos_first_k:
+            length = step + 1  # tokens including </s>
+            penalty = length_penalty(length, alpha)
+            for row, position in eos_first_k:
+                beam = int(top_beam[row, position])
+                sequence = history[row * K + beam].tolist()
+                finished[alive[row]].append(
+                    Hypothesis(sequence, float(top_scores[row, position]) / penalty))
+
+        # Live hypotheses: the K best extensions that do not end the sentence.
+        live_scores = top_scores.masked_fill(is_eos, -torch.inf)
+        scores, order = live_scores.topk(K, dim=1)  # (n, K)
+        beams = top_beam.gather(1, order)  # (n, K)
+        new_tokens = top_token.gather(1, order)  # (n, K)
+        rows = (beams + torch.arange(n, device=device).unsqueeze(1) * K).view(-1)  # (n*K,)
+
+        # Which sentences are done: K finished, the limit reached, or no live beam can win (live
+        # log-probabilities only fall, so score / lp(limit) bounds what a live beam can reach).
+        best_live = scores[:, 0].tolist()
+        keep_sentences = []
+        for row, index in enumerate(alive):
+            done = finished[index] and (
+                len(finished[index]) >= K or limits[index] <= step + 1
+                or max(h.score for h in finished[index])
+                >= best_live[row] / length_penalty(limits[index], alpha))
+            if not done and limits[index] <= step + 1:
+                done = True
+            if not done:
+                keep_sentences.append(row)
+        if not keep_sentences:
+            break
+        if len(keep_sentences) < n:
+            keep = torch.tensor(keep_sentences, device=device)
+            rows = rows.view(n, K)[keep].view(-1)
+            scores, new_tokens = scores[keep], new_tokens[keep]
+            alive = [alive[row] for row in keep_sentences]
+            mask = mask.view(n, K, -1)[keep].view(len(keep_sentences) * K, -1)
+        cache.reorder(rows)
+        history = torch.cat([history[rows], new_tokens.view(-1, 1)], dim=1)  # (n'*K, t+1)
+        tokens = new_tokens.view(-1, 1)  # (n'*K, 1)
+    results = []
+    for index in range(batch):
+        hypotheses = finished[index]
+        results.append(max(hypotheses, key=lambda h: h.score) if hypotheses
+                       else Hypothesis([], float("-inf")))
+    return results

@@ -1,0 +1,90 @@
+"""Greedy decoding of an encoder-decoder ``Transformer`` on its KV cache, batched.
+
+Every sentence of a batch advances one token per step from position 0, so the decoder needs no
+target padding mask; a sentence that has produced </s> leaves the batch (its cache rows are dropped),
+and each row's computation never depends on the other rows, so the output does not depend on how
+sentences are batched.
+
+Legend: B sentences, S source length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without </s>
+    score: float  # log-probability (beam: divided by the length penalty)
+
+
+def output_limits(source_mask: Tensor, *, max_extra: int, model_max_length: int) -> Tensor:
+    """Per-sentence number of positions a hypothesis may use, </s> included: the paper's "input
+    length + 50" (section 6.1) output tokens, capped by the position table. Shape (B,)."""
+    limits = source_mask.sum(dim=1) + max_extra
+    return limits.clamp(max=model_max_length - 1)
+
+
+def blocked_tokens(model: nn.Module) -> list[int]:
+    """Ids that are never generated: padding and the start symbol."""
+    config = model.config
+    return sorted({config.pad_id, config.decoder_start_id})
+
+
+@torch.no_grad()
+def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
+                  max_extra: int = 50) -> list[Hypothesis]:
+    """The most likely next token at each step, until </s> or the length limit.
+
+    Args:
+        model: an encoder-decoder ``Transformer`` (in eval mode).
+        source: (B, S) source ids; ``source_mask`` (B, S) True on real tokens.
+        max_extra: output may be up to source length + ``max_extra`` tokens (paper: 50).
+
+    Returns:
+        One hypothesis per sentence, in input order.
+    """
+    config = model.config
+    batch = source.shape[0]
+    limits = output_limits(source_mask, max_extra=max_extra, model_max_length=config.max_length)
+    steps = int(limits.max())
+    memory = model.encode(source, source_mask)  # (B, S, D)
+    cache = model.new_cache(batch, steps + 1)
+    tokens = torch.full((batch, 1), config.decoder_start_id, dtype=torch.long,
+                        device=source.device)
+    alive = torch.arange(batch, device=source.device)  # original index of each row
+    results: list[list[int]] = [[] for _ in range(batch)]
+    scores = [0.0] * batch
+    blocked = blocked_tokens(model)
+    mask = source_mask
+    first = True
+    for step in range(steps):
+        logits = model.decode(tokens, memory if first else None, memory_padding_mask=mask,
+                              cache=cache)[:, -1].float()  # (B_alive, V)
+        first = False
+        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs[:, blocked] = -torch.inf
+        forced = limits[alive] <= step + 1  # the last position a sentence may use: </s> only
+        if bool(forced.any()):
+            keep_eos = log_probs[:, config.eos_id].clone()
+            log_probs[forced] = -torch.inf
+            log_probs[forced, config.eos_id] = keep_eos[forced]
+        best, next_tokens = log_probs.max(dim=-1)  # (B_alive,)
+        finished = next_tokens == config.eos_id
+        for row, (index, token, score) in enumerate(zip(alive.tolist(), next_tokens.tolist(),
+                                                        best.tolist())):
+            scores[index] += score
+            if token != config.eos_id:
+                results[index].append(token)
+        if bool(finished.all()):
+            break
+        if bool(finished.any()):
+            keep = (~finished).nonzero().squeeze(1)  # (B_alive',)
+            cache.reorder(keep)
+            alive, mask, next_tokens = alive[keep], mask[keep], next_tokens[keep]
+        tokens = next_tokens.unsqueeze(1)  # (B_alive, 1)
+    return [Hypothesis(results[i], scores[i]) for i in range(batch)]

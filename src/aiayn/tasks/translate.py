@@ -1,0 +1,73 @@
+"""Translating text with a trained encoder-decoder and scoring it with sacreBLEU and chrF.
+
+Sentences are sorted by length and decoded in batches of about ``max_tokens`` source tokens, then
+returned in input order; the decoders guarantee the output does not depend on the batching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from aiayn.data.batching import collate, token_batches
+from aiayn.data.tokenizer import SubwordTokenizer
+from aiayn.decoding.beam import beam_search
+from aiayn.decoding.greedy import greedy_search
+
+
+def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_size: int = 4,
+                  alpha: float = 0.6, max_tokens: int = 4000, max_extra: int = 50
+                  ) -> list[list[int]]:
+    """Output ids (no </s>) for source id sequences (no </s>), in input order."""
+    config = model.config
+    device = next(model.parameters()).device
+    outputs: list[list[int]] = [[] for _ in sources]
+    # Longest source the position table allows (it also holds </s>).
+    limit = config.max_length - 1
+    sources = [list(ids[:limit - 1]) for ids in sources]
+    lengths = [len(ids) + 1 for ids in sources]
+    # Beam search holds K rows per sentence: size batches by the beam.
+    budget = max(max_tokens // max(beam_size, 1), 1)
+    for indices in token_batches(lengths, lengths, max_tokens=budget, shuffle=False):
+        batch = collate([sources[i] for i in indices], None, indices, pad_id=config.pad_id,
+                        bos_id=config.bos_id, eos_id=config.eos_id)
+        source = batch.source.to(device)
+        mask = source != config.pad_id
+        if beam_size == 1:
+            hypotheses = greedy_search(model, source, mask, max_extra=max_extra)
+        else:
+            hypotheses = beam_search(model, source, mask, beam_size=beam_size, alpha=alpha,
+                                     max_extra=max_extra)
+        for index, hypothesis in zip(indices, hypotheses):
+            outputs[index] = hypothesis.tokens
+    return outputs
+
+
+def translate_texts(model: nn.Module, tokenizer: SubwordTokenizer, texts: Sequence[str], *,
+                    beam_size: int = 4, alpha: float = 0.6, max_tokens: int = 4000) -> list[str]:
+    """Detokenized translations of ``texts`` (empty text -> empty translation)."""
+    outputs = [""] * len(texts)
+    keep = [i for i, text in enumerate(texts) if text.strip()]
+    if not keep:
+        return outputs
+    ids = tokenizer.encode([texts[i] for i in keep])
+    model.eval()
+    with torch.inference_mode():
+        hypotheses = translate_ids(model, ids, beam_size=beam_size, alpha=alpha,
+                                   max_tokens=max_tokens)
+    for i, text in zip(keep, tokenizer.decode(hypotheses)):
+        outputs[i] = text
+    return outputs
+
+
+def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """Corpus sacreBLEU (13a tokenization, as sacreBLEU's default) and chrF on detokenized text."""
+    import sacrebleu
+
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    bleu = sacrebleu.corpus_bleu(list(hypotheses), [list(references)])
+    chrf = sacrebleu.corpus_chrf(list(hypotheses), [list(references)])
+    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2)}

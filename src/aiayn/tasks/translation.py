@@ -1,0 +1,153 @@
+"""The paper's task: English-to-German translation with an encoder-decoder Transformer.
+
+Reads a parallel corpus, learns a joint BPE vocabulary on its training side, batches by token count
+and trains with label smoothing (paper 5.4); validation reports loss, perplexity, BLEU and chrF of
+greedy output.
+
+Legend: B batch, S source length, T target length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiayn.config import TransformerConfig
+from aiayn.data.batching import TranslationBatch, collate, token_batches
+from aiayn.data.parallel import SentencePair, read_pairs, split_pairs
+from aiayn.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer)
+from aiayn.models import Transformer
+from aiayn.training.loss import label_smoothed_cross_entropy
+
+
+class TranslationTask:
+    """Translation from a TSV / two-file corpus (see ``aiayn.data.parallel``).
+
+    Args:
+        data: a TSV path, or a source and a target path.
+        run_dir: the run directory (a tokenizer already saved there is reused on resume).
+        vocab_size: joint BPE vocabulary size (paper: ~37000 for WMT; small data wants less).
+        max_tokens: padded tokens per side per batch (paper: ~25000).
+        max_length: training pairs with more subword tokens on a side are dropped.
+        max_ratio: training pairs whose length ratio exceeds this are dropped (misalignments).
+        label_smoothing: eps_ls (paper 5.4: 0.1).
+        valid_bleu_sentences: validation sentences decoded for BLEU at each evaluation (0: none).
+        seed: shuffling seed; device: where batches go.
+    """
+
+    name = "translation"
+
+    def __init__(self, data: Sequence[str | Path], *, run_dir: str | Path | None = None,
+                 vocab_size: int = 8000, max_tokens: int = 4096, max_length: int = 128,
+                 max_ratio: float = 3.0, label_smoothing: float = 0.1,
+                 valid_bleu_sentences: int = 200, valid_fraction: float = 0.02,
+                 test_fraction: float = 0.02, seed: int = 0, device: str | None = None):
+        if max_tokens <= 0 or max_length <= 0:
+            raise ValueError("max_tokens and max_length must be positive")
+        splits = split_pairs(read_pairs(list(data)), valid_fraction=valid_fraction,
+                             test_fraction=test_fraction)
+        if not splits["train"]:
+            raise ValueError(f"{data[0]}: no training pairs")
+        self.max_tokens, self.label_smoothing, self.seed = max_tokens, label_smoothing, seed
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        saved = Path(run_dir) / TOKENIZER_FILE if run_dir is not None else None
+        if saved is not None and saved.is_file():
+            self.tokenizer = SubwordTokenizer.load(saved)
+        else:
+            texts = [p.source for p in splits["train"]] + [p.target for p in splits["train"]]
+            self.tokenizer = SubwordTokenizer.train(texts, vocab_size=vocab_size)
+        self.train_source, self.train_target = self._encode(splits["train"], max_length, max_ratio)
+        if not self.train_source:
+            raise ValueError(f"no training pair is within max_length={max_length} tokens")
+        self.filtered = len(splits["train"]) - len(self.train_source)
+        valid = splits["valid"] or splits["train"][:200]  # tiny corpora: score on seen data
+        self.valid_pairs = valid
+        self.valid_source, self.valid_target = self._encode(valid, None, None)
+        self.valid_bleu_sentences = valid_bleu_sentences
+
+    def _encode(self, pairs: list[SentencePair], max_length: int | None, max_ratio: float | None
+                ) -> tuple[list[list[int]], list[list[int]]]:
+        sources = self.tokenizer.encode([p.source for p in pairs])
+        targets = self.tokenizer.encode([p.target for p in pairs])
+        kept_source, kept_target = [], []
+        for source, target in zip(sources, targets):
+            if not source or not target:
+                continue
+            if max_length is not None and max(len(source), len(target)) > max_length:
+                continue
+            if max_ratio is not None and max(len(source), len(target)) > 5 and \
+                    max(len(source), len(target)) > max_ratio * min(len(source), len(target)):
+                continue
+            kept_source.append(source)
+            kept_target.append(target)
+        return kept_source, kept_target
+
+    # --- Task protocol ----------------------------------------------------------------------------
+    def model_config(self, base: TransformerConfig) -> TransformerConfig:
+        longest = max(max(map(len, self.train_source)), max(map(len, self.train_target)))
+        return base.replace(vocab_size=self.tokenizer.vocab_size, src_vocab_size=None,
+                            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, decoder_start_id=None,
+                            max_length=max(base.max_length, longest + 52))
+
+    def build_model(self, model_config: TransformerConfig) -> nn.Module:
+        return Transformer(model_config)
+
+    def _batches(self, sources, targets, *, shuffle: bool, seed: int
+                 ) -> Iterator[TranslationBatch]:
+        lengths_source = [len(s) + 1 for s in sources]
+        lengths_target = [len(t) + 1 for t in targets]
+        for indices in token_batches(lengths_source, lengths_target, max_tokens=self.max_tokens,
+                                     shuffle=shuffle, seed=seed):
+            yield collate([sources[i] for i in indices], [targets[i] for i in indices], indices,
+                          pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID).to(self.device)
+
+    def train_batches(self, epoch: int) -> Iterator[TranslationBatch]:
+        return self._batches(self.train_source, self.train_target, shuffle=True,
+                             seed=self.seed * 100_003 + epoch)
+
+    def count(self, batch: TranslationBatch) -> int:
+        return batch.target_tokens
+
+    def loss(self, model: nn.Module, batch: TranslationBatch, *, smoothing: float | None = None
+             ) -> torch.Tensor:
+        # No target padding mask: under the causal mask real queries never see the right padding,
+        # and padded positions are ignored by the loss, so SDPA can take its is_causal path.
+        logits = model(batch.source, batch.decoder_input,
+                       src_padding_mask=batch.source != PAD_ID)  # (B, T, V)
+        return label_smoothed_cross_entropy(
+            logits.flatten(0, 1), batch.targets.flatten(),
+            smoothing=self.label_smoothing if smoothing is None else smoothing,
+            ignore_index=PAD_ID)
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        import math
+
+        from aiayn.tasks.translate import score_translations, translate_ids
+
+        total, tokens = 0.0, 0
+        for batch in self._batches(self.valid_source, self.valid_target, shuffle=False, seed=0):
+            total += float(self.loss(model, batch, smoothing=0.0))
+            tokens += batch.target_tokens
+        metrics = {"loss": total / tokens, "ppl": math.exp(min(total / tokens, 50.0))}
+        count = min(self.valid_bleu_sentences, len(self.valid_pairs))
+        if count:
+            outputs = translate_ids(model, self.tokenizer.encode(
+                [p.source for p in self.valid_pairs[:count]]), beam_size=1)
+            hypotheses = self.tokenizer.decode(outputs)
+            metrics.update(score_translations(hypotheses,
+                                              [p.target for p in self.valid_pairs[:count]]))
+        return metrics
+
+    def save_assets(self, run_dir: Path) -> dict[str, Any]:
+        self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
+        return {"tokenizer": TOKENIZER_FILE, "vocab_size": self.tokenizer.vocab_size,
+                "train_pairs": len(self.train_source), "filtered_pairs": self.filtered,
+                "valid_pairs": len(self.valid_pairs)}
+
+    @classmethod
+    def load_assets(cls, run_dir: Path) -> SubwordTokenizer:
+        return SubwordTokenizer.load(Path(run_dir) / TOKENIZER_FILE)

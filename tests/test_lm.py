@@ -1,0 +1,240 @@
+"""Language modelling: text reading errors, character vocabulary, blocks, the LM task, the presets,
+and ``aiayn train lm`` / ``generate`` / ``evaluate`` end to end on a tiny text."""
+
+import gzip
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from aiayn import CausalLM, TransformerConfig, count_parameters
+from aiayn.cli import main
+from aiayn.data.text import (CharVocabulary, contiguous_blocks, random_blocks, read_text,
+                             split_text)
+from aiayn.tasks.lm import LanguageModelTask, evaluate_ids
+
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+        "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 12
+
+TINY = ["--preset", "baby-gpt", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64",
+        "--set", "n_decoder_layers=1", "--block-size", "16", "--batch-size", "4", "--threads", "1",
+        "--no-progress"]
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "tiny.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+# --- reading text --------------------------------------------------------------------------------
+def test_read_text_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="text file not found: .*missing.txt"):
+        read_text(tmp_path / "missing.txt")
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        read_text(tmp_path)
+    (tmp_path / "empty.txt").write_text("  \n\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="empty.txt is empty"):
+        read_text(tmp_path / "empty.txt")
+    (tmp_path / "latin1.txt").write_bytes("line one\nline two\nna\xefve\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.txt:3:3: not UTF-8 \(byte 0xef\)"):
+        read_text(tmp_path / "latin1.txt")
+    (tmp_path / "bad.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match="not a valid gzip file"):
+        read_text(tmp_path / "bad.gz")
+
+
+def test_read_text_reads_gzip_and_drops_a_byte_order_mark(tmp_path):
+    (tmp_path / "t.txt.gz").write_bytes(gzip.compress("\ufeffhello\n".encode("utf-8")))
+    assert read_text(tmp_path / "t.txt.gz") == "hello\n"
+
+
+def test_bundled_shakespeare_is_the_shared_corpus():
+    from pathlib import Path
+
+    text = read_text(Path(__file__).parents[1] / "data" / "shakespeare_tiny.txt.gz")
+    assert len(text) == 1_158_412 and len(set(text)) == 78
+    assert text.startswith("CORIOLANUS") or text[:200].strip()
+
+
+# --- vocabulary, split, blocks -------------------------------------------------------------------
+def test_char_vocabulary_round_trip_and_unknown_characters(tmp_path):
+    vocabulary = CharVocabulary.from_text("hello world")
+    assert vocabulary.symbols == sorted(set("hello world"))
+    ids = vocabulary.encode("world hello")
+    assert vocabulary.decode(ids) == "world hello"
+    with pytest.raises(ValueError, match=r"prompt:1:9: character 'z' is not in the model's "
+                                         r"vocabulary of 8 characters"):
+        vocabulary.encode("hello woz", source="prompt")
+    vocabulary.save(tmp_path)
+    assert CharVocabulary.load(tmp_path).symbols == vocabulary.symbols
+    (tmp_path / "vocabulary.json").write_text("{broken", encoding="utf-8")
+    with pytest.raises(ValueError, match="corrupt vocabulary"):
+        CharVocabulary.load(tmp_path)
+    with pytest.raises(ValueError, match="distinct"):
+        CharVocabulary(["a", "a"])
+
+
+def test_split_is_first_ninety_and_last_ten_percent():
+    train, valid = split_text("abcdefghij" * 10)
+    assert len(train) == 90 and len(valid) == 10 and train + valid == "abcdefghij" * 10
+    with pytest.raises(ValueError, match="valid_fraction"):
+        split_text("abc", 1.0)
+
+
+def test_random_blocks_are_windows_with_targets_shifted_by_one():
+    ids = torch.arange(100)
+    generator = torch.Generator().manual_seed(0)
+    batches = list(random_blocks(ids, block_size=8, batch_size=3, batches=4, generator=generator))
+    assert len(batches) == 4
+    for x, y in batches:
+        assert x.shape == y.shape == (3, 8)
+        assert torch.equal(y, x + 1)  # ids are their positions: contiguous windows
+        assert (x[:, 1:] - x[:, :-1] == 1).all()
+
+
+def test_contiguous_blocks_predict_every_target_exactly_once():
+    ids = torch.arange(53)
+    targets = [t for _, y in contiguous_blocks(ids, block_size=8, batch_size=2)
+               for t in y.flatten().tolist()]
+    assert targets == list(range(1, 53))
+    with pytest.raises(ValueError, match="the evaluation text has 5 tokens, shorter than the "
+                                         "context of 8"):
+        list(contiguous_blocks(torch.arange(5), block_size=8, batch_size=2))
+
+
+def test_evaluate_ids_equals_the_mean_loss_over_all_targets():
+    torch.manual_seed(0)
+    model = CausalLM(TransformerConfig.preset("baby-gpt", vocab_size=11, d_model=16, n_heads=2,
+                                              d_ff=32, n_decoder_layers=1, max_length=8)).eval()
+    ids = torch.randint(11, (30,))
+    metrics = evaluate_ids(model, ids, block_size=8, batch_size=2)
+    losses = []
+    with torch.no_grad():
+        for start in range(0, 29, 8):  # the same blocks, one at a time
+            x, y = ids[start:start + 8][: 29 - start], ids[start + 1:start + 9]
+            logits = model(x.unsqueeze(0))[0]
+            losses += torch.nn.functional.cross_entropy(logits, y, reduction="none").tolist()
+    assert len(losses) == 29 and metrics["tokens"] == 29
+    assert metrics["loss"] == pytest.approx(sum(losses) / 29, rel=1e-6)
+    assert metrics["bpc"] == pytest.approx(metrics["loss"] / math.log(2))
+    assert metrics["ppl"] == pytest.approx(math.exp(metrics["loss"]))
+
+
+# --- the task ------------------------------------------------------------------------------------
+def test_task_sets_vocabulary_and_context_and_rejects_short_text(text_file, tmp_path):
+    task = LanguageModelTask(text_file, batch_size=4, block_size=16, seed=3)
+    config = task.model_config(TransformerConfig.preset("baby-gpt"))
+    assert config.vocab_size == len(set(TEXT)) and config.max_length == 16
+    first = [x for x, _ in task.train_batches(0)]
+    again = [x for x, _ in task.train_batches(0)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))  # deterministic per epoch
+    assert not torch.equal(first[0], next(iter(task.train_batches(1)))[0])
+    short = tmp_path / "short.txt"
+    short.write_text("To be, or not to be.\n" * 3, encoding="utf-8")
+    with pytest.raises(ValueError, match="validation part of .*short.txt.* shorter than the "
+                                         "context of 16"):
+        LanguageModelTask(short, block_size=16).model_config(TransformerConfig.preset("baby-gpt"))
+
+
+def test_baby_gpt_preset_is_nanogpts_baby_gpt():
+    config = TransformerConfig.preset("baby-gpt", vocab_size=65)
+    model = CausalLM(config)
+    # nanoGPT prints "number of parameters: 0.80M" for this model (its count leaves out the
+    # position table): 4 * (3*128*128 + 128*128 + 2*128*512 + 2*128) + 65*128 + 128 = 795,904.
+    assert count_parameters(model) - 64 * 128 == 795_904
+    assert all("bias" not in name for name, _ in model.named_parameters())
+    assert model.lm_head.weight is model.decoder.embeddings.tokens.weight
+    out_std = torch.stack([layer.self_attention.out_proj.weight.std()
+                           for layer in model.decoder.layers])
+    assert torch.allclose(out_std, torch.full_like(out_std, 0.02 / 8 ** 0.5), rtol=0.1)
+
+
+# --- the command line ----------------------------------------------------------------------------
+def test_train_generate_evaluate_end_to_end(text_file, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["train", "lm", "--data", str(text_file), "--out", str(run_dir), "--steps", "6",
+                 "--eval-every", "3", "--save-every", "3", *TINY]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["task"] == "lm" and summary["step"] == 6 and summary["bpc"] > 0
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["task"] == "lm" and info["model_config"]["max_length"] == 16
+    assert info["training_config"]["decay_matrices_only"] is True
+    assert info["training_config"]["optimizer"] == "adamw"
+    state = json.loads((run_dir / "checkpoints" / "step-6" / "trainer_state.json").read_text())
+    groups = state["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]  # decay on matrices only
+
+    assert main(["generate", str(run_dir), "--prompt", "First", "--max-new-tokens", "40",
+                 "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("First") and len(out) == len("First") + 40 + 1
+    assert main(["generate", str(run_dir), "--prompt", "First", "--max-new-tokens", "40",
+                 "--seed", "1"]) == 0
+    assert capsys.readouterr().out == out  # same seed, same text
+
+    assert main(["evaluate", str(run_dir), "--data", str(text_file)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["task"] == "lm" and result["tokens"] == len(TEXT) - 1
+    assert result["bpc"] == pytest.approx(result["loss"] / math.log(2))
+    assert main(["evaluate", str(run_dir), "--data", str(text_file), "--split", "valid"]) == 0
+    valid = json.loads(capsys.readouterr().out)
+    assert valid["loss"] == pytest.approx(summary["loss"], rel=1e-5)  # what training reported
+
+
+def test_generate_options_stop_strings_long_prompts_and_batches(text_file, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["train", "lm", "--data", str(text_file), "--out", str(run_dir), "--steps", "2",
+                 "--eval-every", "0", "--save-every", "0", *TINY]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(run_dir), "--prompt", "All", "--greedy", "--max-new-tokens",
+                 "60"]) == 0
+    free = capsys.readouterr().out[len("All"):-1]
+    stop = free[5:7]
+    assert main(["generate", str(run_dir), "--prompt", "All", "--greedy", "--max-new-tokens", "60",
+                 "--stop", stop]) == 0
+    assert capsys.readouterr().out == "All" + free[:free.index(stop)] + "\n"
+
+    long_prompt = "speak " * 10  # 60 characters, context 16
+    assert main(["generate", str(run_dir), "--prompt", long_prompt, "--greedy",
+                 "--max-new-tokens", "5"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: prompt 1 has 60 characters" in captured.err
+    assert "keeping its last 15" in captured.err
+
+    assert main(["generate", str(run_dir), "--prompt", "All", "--prompt", "First Citizen",
+                 "--greedy", "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "=== 'All'" in out and "=== 'First Citizen'" in out
+
+    assert main(["generate", str(run_dir), "--prompt", "Zebra", "--max-new-tokens", "3"]) == 1
+    assert "character 'Z' is not in the model's vocabulary" in capsys.readouterr().err
+    assert main(["generate", str(run_dir), "--prompt", "All", "--max-new-tokens", "30",
+                 "--no-slide"]) == 1
+    assert "past the cache capacity" in capsys.readouterr().err
+
+
+def test_train_lm_reports_bad_data_clearly(tmp_path, capsys):
+    (tmp_path / "bin.txt").write_bytes(b"abc\n\xff\xfe\n")
+    assert main(["train", "lm", "--data", str(tmp_path / "bin.txt"), "--out",
+                 str(tmp_path / "r"), *TINY]) == 1
+    assert "bin.txt:2:1: not UTF-8" in capsys.readouterr().err
+    assert main(["train", "lm", "--data", str(tmp_path / "nope.txt"), "--out",
+                 str(tmp_path / "r"), *TINY]) == 1
+    assert "text file not found" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a fresh interpreter: a few seconds idle, much more on a loaded machine
+def test_generate_streams_through_the_real_command(text_file, tmp_path):
+    run_dir = tmp_path / "run"
+    assert main(["train", "lm", "--data", str(text_file), "--out", str(run_dir), "--steps", "1",
+                 "--eval-every", "0", "--save-every", "0", *TINY]) == 0
+    done = subprocess.run([sys.executable, "-m", "aiayn", "generate", str(run_dir), "--prompt",
+                           "All", "--max-new-tokens", "10", "--seed", "3"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("All") and len(done.stdout) == 3 + 10 + 1

@@ -1,0 +1,99 @@
+"""``aiayn train translation`` / ``translate`` / ``evaluate``: errors, and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli import main
+
+BUNDLED = Path(__file__).resolve().parents[1] / "data" / "ddtp_en_de.tsv.gz"
+TINY = ["--preset", "tiny", "--set", "max_length=256", "--vocab-size", "120", "--max-tokens",
+        "400", "--warmup", "2", "--valid-bleu-sentences", "2", "--no-progress", "--threads", "2"]
+
+
+@pytest.fixture(scope="module")
+def tiny_tsv(tmp_path_factory):
+    """60 real pairs of the bundled corpus (header + split column kept)."""
+    lines = gzip.decompress(BUNDLED.read_bytes()).decode("utf-8").splitlines()
+    header, rows = lines[0], [line for line in lines[1:] if len(line) < 160]
+    rows = [r for r in rows if r.endswith("\ttrain")][:50] + \
+        [r for r in rows if r.endswith("\ttest")][:10]
+    path = tmp_path_factory.mktemp("data") / "pairs.tsv"
+    path.write_text("\n".join([header] + rows) + "\n", encoding="utf-8")
+    return path
+
+
+def train_args(data, out, *extra):
+    return ["train", "translation", "--data", str(data), "--out", str(out), *TINY, *extra]
+
+
+def test_missing_and_empty_data_files(tmp_path, capsys):
+    assert main(train_args(tmp_path / "nope.tsv", tmp_path / "run")) == 1
+    assert "data file not found" in capsys.readouterr().err
+    (tmp_path / "empty.tsv").write_text("")
+    assert main(train_args(tmp_path / "empty.tsv", tmp_path / "run")) == 1
+    assert "empty.tsv: the data file is empty" in capsys.readouterr().err
+
+
+def test_malformed_line_names_file_and_line(tmp_path, capsys):
+    (tmp_path / "bad.tsv").write_text("Hello\tHallo\nno tab here\n")
+    assert main(train_args(tmp_path / "bad.tsv", tmp_path / "run")) == 1
+    assert "bad.tsv:2: expected at least 2 tab-separated fields" in capsys.readouterr().err
+
+
+def test_translate_and_evaluate_reject_a_directory_that_is_not_a_run(tmp_path, capsys):
+    assert main(["translate", str(tmp_path)]) == 1
+    assert "is not an aiayn run directory" in capsys.readouterr().err
+    assert main(["evaluate", str(tmp_path / "nope"), "--data", "x.tsv"]) == 1
+    assert "run directory not found" in capsys.readouterr().err
+
+
+def test_corrupt_checkpoint_is_reported_and_the_previous_one_stays(tiny_tsv, tmp_path, capsys):
+    out = tmp_path / "run"
+    fast = ("--valid-bleu-sentences", "0", "--best-metric", "loss", "--best-mode", "min")
+    assert main(train_args(tiny_tsv, out, "--steps", "2", "--save-every", "1",
+                           "--eval-every", "0", *fast)) == 0
+    capsys.readouterr()
+    step1 = out / "checkpoints" / "step-1"
+    before = {p.name: p.read_bytes() for p in step1.iterdir()}
+    weights = out / "checkpoints" / "step-2" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:64])
+    assert main(train_args(tiny_tsv, out, "--steps", "4", "--save-every", "1", *fast)) == 1
+    err = capsys.readouterr().err
+    assert "step-2" in err and ("corrupt" in err or "checksum" in err)
+    assert {p.name: p.read_bytes() for p in step1.iterdir()} == before
+    (out / "model.safetensors").write_bytes(b"garbage")
+    assert main(["evaluate", str(out), "--data", str(tiny_tsv)]) == 1
+    assert "model.safetensors" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_train_translate_evaluate_end_to_end(tiny_tsv, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(train_args(tiny_tsv, out, "--steps", "6", "--eval-every", "3",
+                           "--save-every", "3")) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["step"] == 6 and "bleu" in summary
+    assert (out / "tokenizer.json").is_file() and (out / "model.safetensors").is_file()
+    info = json.loads((out / "run.json").read_text())
+    assert info["task"] == "translation" and info["assets"]["tokenizer"] == "tokenizer.json"
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["split"] == "valid"] == [3, 6]
+
+    result = subprocess.run([sys.executable, "-m", "aiayn", "translate", str(out), "--beam", "2"],
+                            input="This package contains the data files.\n\nHello world\n",
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # one output line per input
+
+    assert main(["evaluate", str(out), "--data", str(tiny_tsv), "--beam", "1", "--limit", "4"]) == 0
+    scores = json.loads(capsys.readouterr().out.strip())
+    assert scores["split"] == "test" and scores["sentences"] == 4 and scores["beam"] == 1
+    assert 0.0 <= scores["bleu"] <= 100.0 and 0.0 <= scores["chrf"] <= 100.0
