@@ -292,6 +292,13 @@ def test_nonfinite_gradient_skips_the_update(tmp_path):
         run(tmp_path, "b", Poisoned(), training_config(steps=3, nonfinite="raise"))
 
 
+def test_time_limit_stops_training_early(tmp_path):
+    _, metrics = run(tmp_path, "a", ReverseTask(), training_config(steps=50, time_limit=1e-6))
+    assert metrics["step"] == 1
+    records = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    assert any(r.get("stopped") == "time_limit" for r in records)
+
+
 def test_bf16_autocast_trains(tmp_path):
     _, metrics = run(tmp_path, "a", ReverseTask(), training_config(steps=3, autocast="bf16"))
     assert math.isfinite(metrics["loss"])

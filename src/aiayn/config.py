@@ -190,9 +190,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                 dropout=0.3),
     "tiny": dict(vocab_size=100, d_model=32, d_ff=64, n_heads=4, n_encoder_layers=2,
                  n_decoder_layers=2, max_length=64, dropout=0.0),
-    # The default translation model of `aiayn train translation`: trains in ~10 minutes on 2 CPU
-    # cores (docs/translation.md); vocab_size is set from the learned tokenizer.
-    "mt-cpu": dict(d_model=256, d_ff=1024, n_heads=4, n_encoder_layers=3, n_decoder_layers=3,
+    # The default model of `aiayn train translation`, sized for a ~10 minute run on 2 CPU cores
+    # (docs/translation.md); vocab_size is set from the learned tokenizer.
+    "mt-cpu": dict(d_model=128, d_ff=512, n_heads=4, n_encoder_layers=3, n_decoder_layers=3,
                    max_length=256, dropout=0.1),
     # nanoGPT's CPU "baby GPT" (README: train_shakespeare_char.py --device=cpu --block_size=64
     # --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --dropout=0.0; train.py bias=False):

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--data", required=True, nargs="+", metavar="PATH",
                        help="a TSV (source<TAB>target, optional header with a split column; .gz "
                             "ok) or a source file and a line-aligned target file")
-    group.add_argument("--vocab-size", type=int, default=8000, help="joint BPE vocabulary")
+    group.add_argument("--vocab-size", type=int, default=6000, help="joint BPE vocabulary")
     group.add_argument("--max-tokens", type=int, default=2500,
                        help="padded tokens per side in a batch (paper: 25000)")
     group.add_argument("--max-length", type=int, default=128,
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--valid-bleu-sentences", type=int, default=200,
                        help="validation sentences decoded (greedy) for BLEU at each evaluation")
     # The default preset trains in minutes on a laptop CPU; see docs/translation.md.
-    parser.set_defaults(preset=DEFAULT_PRESET, steps=3000, warmup=400, lr_factor=1.0,
+    parser.set_defaults(preset=DEFAULT_PRESET, steps=3000, warmup=400, lr_factor=0.5,
                         clip_norm=1.0, eval_every=500, save_every=500, best_metric="bleu",
                         best_mode="max", log_every=20)
 

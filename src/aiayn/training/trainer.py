@@ -64,8 +64,8 @@ class TrainingConfig:
         nonfinite: "skip" (drop an update whose gradient is inf/NaN, count it) or "raise".
         progress: show a tqdm progress bar.
         device: "cpu", "cuda", ... (None: cuda if available).
-        time_limit: stop after the first step that ends past this many seconds of training in
-            this process (None: no limit); the run then finishes as if ``steps`` were reached.
+        time_limit: seconds of training in this process after which no new step starts (at least
+            one step runs; None: no limit); the run then finishes as if ``steps`` were reached.
         distributed: under torchrun (an initialised process group with 2+ ranks), "ddp"
             (DistributedDataParallel) or "fsdp" (FSDP2 fully_shard); see training/distributed.py.
             ``accumulation`` is per rank: the global batch is task batch x accumulation x ranks.
@@ -399,9 +399,11 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     window_start = time.perf_counter()
     grad_norm = torch.zeros((), device=device)
     train_start, cpu_start = time.perf_counter(), time.process_time()
+    first_step = step
     while step < config.steps:
-        # Every rank stops at the same step (rank 0's clock decides; a collective only with a limit).
-        if config.time_limit is not None and parallel.agree(
+        # Every rank stops at the same step (rank 0's clock decides; a collective only with a
+        # limit).
+        if config.time_limit is not None and step > first_step and parallel.agree(
                 time.perf_counter() - train_start > config.time_limit):
             log.write({"step": step, "split": "train", "stopped": "time_limit",
                        "seconds": time.perf_counter() - train_start})
