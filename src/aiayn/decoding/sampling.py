@@ -241,10 +241,11 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
 
     new = sequence[:, width:width + produced].tolist()
     by_id = stopped_by_id.tolist()
+    stop_id_set = set(stop_ids)
     tokens, reasons = [], []
     for index, row in enumerate(new):
         if by_id[index]:
-            cut = next(i for i, t in enumerate(row) if t in set(stop_ids))
+            cut = next(i for i, t in enumerate(row) if t in stop_id_set)
             tokens.append(row[:cut])
             reasons.append("stop_id")
         else:

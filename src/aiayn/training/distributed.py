@@ -21,8 +21,8 @@ What is sharded, and how:
   all-reduce (DDP ``no_sync``, FSDP ``set_requires_gradient_sync(False)``).
 * Parameters: "ddp" replicates the model (DistributedDataParallel); "fsdp" shards parameters,
   gradients and optimizer state over ranks (``torch.distributed.fsdp.fully_shard``, FSDP2: one unit
-  per encoder/decoder layer plus the root for embeddings and heads). Checkpoints always hold the full,
-  unsharded weights and optimizer state (gathered on rank 0), so any world size can resume them.
+  per encoder/decoder layer plus the root for embeddings and heads). Checkpoints always hold the
+  full, unsharded weights and optimizer state (gathered on rank 0): any world size resumes them.
 * Files: only rank 0 writes logs, checkpoints and run.json; every rank reads the same checkpoint
   when resuming (the run directory must be on a filesystem every node can read).
 """
@@ -330,6 +330,39 @@ class Parallel:
             norm = nn.utils.get_total_norm(grads)
         full = getattr(norm, "full_tensor", None)
         return full() if full is not None else norm
+
+    # -- random state of ranks > 0 -------------------------------------------------------------
+    def gather_rng_states(self) -> dict[str, Tensor]:
+        """Every rank's torch (and CUDA) RNG state for rank 0's checkpoint, as tensors named
+        ``rng/rank{r}/torch`` (rank 0's own state is saved by the trainer as in one process).
+        A collective: every rank calls it; other ranks get {}."""
+        if not self.active:
+            return {}
+        states = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            states["cuda"] = torch.cuda.get_rng_state(self.device)
+        saved = {}
+        for kind, state in states.items():
+            local = state.to(self._comm_device)
+            gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+            dist.all_gather(gathered, local)
+            saved.update({f"rng/rank{rank}/{kind}": value.cpu()
+                          for rank, value in enumerate(gathered) if rank})
+        return saved if self.main else {}
+
+    def restore_rank_rng(self, tensors: dict[str, Tensor], *, seed: int, step: int) -> None:
+        """On rank r > 0, restore the state saved by ``gather_rng_states`` (exact resume with
+        dropout); a checkpoint from fewer ranks has none, then r draws a fresh seeded stream."""
+        if not self.rank:
+            return
+        key = f"rng/rank{self.rank}/torch"
+        if key not in tensors:
+            torch.manual_seed(rank_seed(seed, self.rank, step))
+            return
+        torch.set_rng_state(tensors[key])
+        cuda = tensors.get(f"rng/rank{self.rank}/cuda")
+        if cuda is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(cuda, self.device)
 
     # -- agreement between ranks -----------------------------------------------------------------
     def check_agreement(self, parts: dict[str, Any]) -> None:

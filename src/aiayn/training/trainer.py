@@ -64,13 +64,13 @@ class TrainingConfig:
         nonfinite: "skip" (drop an update whose gradient is inf/NaN, count it) or "raise".
         progress: show a tqdm progress bar.
         device: "cpu", "cuda", ... (None: cuda if available).
-        distributed: under torchrun (an initialised process group with 2+ ranks), "ddp"
-            (DistributedDataParallel) or "fsdp" (FSDP2 fully_shard); see training/distributed.py.
-            ``accumulation`` is per rank: the global batch is the task's batch x accumulation x ranks.
-        activation_checkpointing: recompute each layer's activations in the backward pass.
-        compile: ``torch.compile`` the model (in place; names and checkpoints are unchanged).
         time_limit: seconds of training in this process after which no new step starts (at least
             one step runs; None: no limit); the run then finishes as if ``steps`` were reached.
+        distributed: under torchrun (an initialised process group with 2+ ranks), "ddp"
+            (DistributedDataParallel) or "fsdp" (FSDP2 fully_shard); see training/distributed.py.
+            ``accumulation`` is per rank: the global batch is task batch x accumulation x ranks.
+        activation_checkpointing: recompute each layer's activations in the backward pass.
+        compile: ``torch.compile`` the model (in place; names and checkpoints are unchanged).
     """
 
     steps: int = 100_000
@@ -94,10 +94,10 @@ class TrainingConfig:
     nonfinite: Literal["skip", "raise"] = "skip"
     progress: bool = True
     device: str | None = None
+    time_limit: float | None = None
     distributed: Literal["ddp", "fsdp"] = "ddp"
     activation_checkpointing: bool = False
     compile: bool = False
-    time_limit: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.schedule, dict):
@@ -127,11 +127,11 @@ class TrainingConfig:
             raise ValueError(f"best_mode must be 'min' or 'max', got {self.best_mode!r}")
         if self.nonfinite not in ("skip", "raise"):
             raise ValueError(f"nonfinite must be 'skip' or 'raise', got {self.nonfinite!r}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError(f"time_limit must be positive or None, got {self.time_limit!r}")
         if self.distributed not in distributed.STRATEGIES:
             raise ValueError(f"distributed must be one of {distributed.STRATEGIES}, got "
                              f"{self.distributed!r}")
-        if self.time_limit is not None and not self.time_limit > 0:
-            raise ValueError(f"time_limit must be positive or None, got {self.time_limit!r}")
         if self.keep_last and self.average_last > self.keep_last:
             raise ValueError(f"average_last ({self.average_last}) needs keep_last >= it, got "
                              f"keep_last={self.keep_last}")
@@ -342,8 +342,7 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
                                load=lambda state: parallel.load_optimizer_state_dict(optimizer,
                                                                                      state))
         restore_rng(tensors, meta["rng"])
-        if parallel.rank:
-            torch.manual_seed(distributed.rank_seed(config.seed, parallel.rank, meta["step"]))
+        parallel.restore_rank_rng(tensors, seed=config.seed, step=meta["step"])
         if scaler is not None and meta.get("scaler"):
             scaler.load_state_dict(meta["scaler"])
         step, epoch, batch_index = meta["step"], meta["epoch"], meta["batch_index"]
@@ -354,6 +353,7 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     def save_checkpoint() -> None:
         full_model = parallel.full_model()  # collectives under FSDP: every rank gets here
         optimizer_state = parallel.optimizer_state_dict(optimizer)
+        rank_rng = parallel.gather_rng_states()
         if not main:
             return
         opt_tensors, opt_meta = optimizer_to_tensors(optimizer, state_dict=optimizer_state)
@@ -362,7 +362,8 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
                 "batch_index": batches.index, "optimizer": opt_meta, "rng": rng_meta,
                 "best": best, "skipped": skipped, "units": units_total,
                 "scaler": scaler.state_dict() if scaler is not None else None}
-        write_checkpoint(checkpoint_dir, step, full_model, {**opt_tensors, **rng_tensors}, meta)
+        write_checkpoint(checkpoint_dir, step, full_model,
+                         {**opt_tensors, **rng_tensors, **rank_rng}, meta)
         if config.keep_last:
             for old in list_checkpoints(checkpoint_dir)[:-config.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -400,8 +401,10 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     train_start, cpu_start = time.perf_counter(), time.process_time()
     first_step = step
     while step < config.steps:
-        if config.time_limit is not None and step > first_step and \
-                time.perf_counter() - train_start > config.time_limit:
+        # Every rank stops at the same step (rank 0's clock decides; a collective only with a
+        # limit).
+        if config.time_limit is not None and step > first_step and parallel.agree(
+                time.perf_counter() - train_start > config.time_limit):
             log.write({"step": step, "split": "train", "stopped": "time_limit",
                        "seconds": time.perf_counter() - train_start})
             break
