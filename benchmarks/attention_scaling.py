@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -130,6 +131,76 @@ def predicted_mib(rows: list[dict], n: int) -> float | None:
     return mib[-1] * (n / ns[-1]) ** exponent
 
 
+def report(rows: dict[str, list[dict]], lengths: list[int], long: list[int]) -> dict:
+    """Print the table and return the fitted exponents per kernel (fitted on ``lengths`` only)."""
+    summary = {}
+    for name, results in rows.items():
+        fitted = [r for r in results if "times_s" in r and not r.get("long")]
+        ns = [r["n"] for r in fitted]
+        summary[name] = {
+            "time_exponent": fit_exponent(ns, [statistics.median(r["times_s"]) for r in fitted]),
+            "wall_time_exponent": fit_exponent(ns, [statistics.median(r["wall_s"])
+                                                    for r in fitted]),
+            "memory_exponent": fit_exponent(ns, [r["extra_mib"] for r in fitted]),
+            "fitted_on": ns,
+        }
+    print("\nforward+backward, causal, B=1, H=8, Dh=64, float32, CPU; median CPU seconds (all threads)"
+          " / extra peak MiB; exponents: CPU time, memory, wall time")
+    header = f"{'kernel':>12} | " + " | ".join(f"{n:>15}" for n in lengths + long)
+    print(header + " | time exp | mem exp | wall exp")
+    print("-" * len(header) + "-+----------+---------+---------")
+    for name, results in rows.items():
+        cells = {r["n"]: r for r in results}
+        texts = []
+        for n in lengths + long:
+            r = cells.get(n)
+            if r is None:
+                texts.append(f"{'-':>15}")
+            elif "times_s" in r:
+                texts.append(f"{statistics.median(r['times_s']):6.2f}s {r['extra_mib']:6.0f}M")
+            else:
+                texts.append(f"{'skipped' if 'skipped' in r else 'failed':>15}")
+        s = summary[name]
+        fmt = (lambda x: f"{x:8.2f}" if x is not None else f"{'-':>8}")
+        print(f"{name:>12} | " + " | ".join(texts) + f" | {fmt(s['time_exponent'])} | "
+              f"{fmt(s['memory_exponent'])} | {fmt(s['wall_time_exponent'])}")
+    return summary
+
+
+LOG_LINE = re.compile(r"^\s*(\S+) n=\s*(\d+): (?:cpu\s+([\d.]+) s\s+wall\s+([\d.]+) s\s+extra\s+"
+                      r"([\d.]+) MiB\s+\((\d+) runs\)|skipped, (.*))$")
+
+
+def merge_logs(paths: list[Path], lengths: list[int], long: list[int], json_path: Path | None) -> None:
+    """Rebuild the table from the printed lines of several runs (e.g. one per range of n, run side
+    by side to fit a deadline); each line is one measured median, as the child reported it."""
+    rows: dict[str, dict[int, dict]] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            match = LOG_LINE.match(line)
+            if not match:
+                continue
+            name, n = match[1], int(match[2])
+            if match[3] is not None:
+                entry = {"kernel": name, "n": n, "times_s": [float(match[3])],
+                         "wall_s": [float(match[4])], "extra_mib": float(match[5]),
+                         "runs": int(match[6]), "log": str(path)}
+            else:
+                entry = {"kernel": name, "n": n, "skipped": match[7], "log": str(path)}
+            entry["long"] = n in long
+            previous = rows.setdefault(name, {}).get(n)
+            if previous is None or "skipped" in previous:
+                rows[name][n] = entry
+    ordered = {name: [cells[n] for n in sorted(cells)] for name, cells in rows.items()}
+    ordered = {name: ordered[name] for name in KERNELS if name in ordered}
+    summary = report(ordered, lengths, long)
+    if json_path:
+        tmp = json_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"command": " ".join(sys.argv), "logs": [str(p) for p in paths],
+                                   "results": ordered, "summary": summary}, indent=2) + "\n")
+        os.replace(tmp, json_path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
@@ -149,6 +220,8 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per child")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--from-logs", type=Path, nargs="+", default=None,
+                        help="only rebuild the table (and --json) from the printed output of runs")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kernel", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -156,6 +229,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         child(args)
+        return
+    if args.from_logs:
+        merge_logs(args.from_logs, args.lengths, args.long, args.json)
         return
 
     limit_mib = args.memory_limit_gib * 1024
@@ -197,37 +273,7 @@ def main() -> None:
                       f"extra {result['extra_mib']:9.1f} MiB  ({len(result['times_s'])} runs)",
                       flush=True)
 
-    summary = {}
-    for name, results in rows.items():
-        fitted = [r for r in results if "times_s" in r and not r["long"]]
-        ns = [r["n"] for r in fitted]
-        summary[name] = {
-            "time_exponent": fit_exponent(ns, [statistics.median(r["times_s"]) for r in fitted]),
-            "wall_time_exponent": fit_exponent(ns, [statistics.median(r["wall_s"])
-                                                    for r in fitted]),
-            "memory_exponent": fit_exponent(ns, [r["extra_mib"] for r in fitted]),
-            "fitted_on": ns,
-        }
-    print("\nforward+backward, causal, B=1, H=8, Dh=64, float32, CPU; median CPU seconds (all threads)"
-          " / extra peak MiB; exponents: CPU time, memory, wall time")
-    header = f"{'kernel':>12} | " + " | ".join(f"{n:>15}" for n in args.lengths + args.long)
-    print(header + " | time exp | mem exp | wall exp")
-    print("-" * len(header) + "-+----------+---------+---------")
-    for name, results in rows.items():
-        cells = {r["n"]: r for r in results}
-        texts = []
-        for n in args.lengths + args.long:
-            r = cells.get(n)
-            if r is None:
-                texts.append(f"{'-':>15}")
-            elif "times_s" in r:
-                texts.append(f"{statistics.median(r['times_s']):6.2f}s {r['extra_mib']:6.0f}M")
-            else:
-                texts.append(f"{'skipped' if 'skipped' in r else 'failed':>15}")
-        s = summary[name]
-        fmt = (lambda x: f"{x:8.2f}" if x is not None else f"{'-':>8}")
-        print(f"{name:>12} | " + " | ".join(texts) + f" | {fmt(s['time_exponent'])} | "
-              f"{fmt(s['memory_exponent'])} | {fmt(s['wall_time_exponent'])}")
+    summary = report(rows, args.lengths, args.long)
     load_after = os.getloadavg()
     print(f"\ntotal {time.perf_counter() - started:.0f} s; load average before {load_before[0]:.1f}, "
           f"after {load_after[0]:.1f} (on {os.cpu_count()} cores)")

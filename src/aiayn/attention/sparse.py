@@ -29,6 +29,7 @@ block, N blocks, l stride, Aq / Ak query / key grid rows.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +42,7 @@ SPARSE_PATTERNS = ("local", "strided", "local+strided")
 
 
 def _local_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, window: int, causal: bool
-                ) -> tuple[Tensor, Tensor, callable]:
+                ) -> tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]]:
     """Scores (B, H, T, L) and allowed (B|1, H|1, T, L) of the local window, plus a function
     mapping weights (B, H, T, L) and values (B, H, S, Dh) to the output (B, H, T, Dh)."""
     batch, heads, query_length, _ = q.shape
@@ -87,7 +88,7 @@ def _local_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, window: int, 
 
 
 def _strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, stride: int, causal: bool,
-                  exclude_window: int) -> tuple[Tensor, Tensor, callable]:
+                  exclude_window: int) -> tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]]:
     """Scores (B, H, T, Ak) and allowed (B|1, H|1, T, Ak) of the strided keys, plus the output map.
 
     Keys closer than ``exclude_window`` to the query are left out (the local part has them)."""
