@@ -73,23 +73,23 @@ def main(argv: list[str]) -> None:
         import lm_train
 
         for d_model in args.d_model:
-            rows += lm_train.run(d_model, compile_ours=args.compile, rounds=3 if args.quick else 6,
+            rows += lm_train.run(d_model, compile_ours=args.compile, rounds=3 if args.quick else 5,
                                  memory=memory)
             print(table(rows, peak), flush=True)
     if "seq2seq_train" in args.only:
         import seq2seq_train
 
-        rows += seq2seq_train.run(rounds=3 if args.quick else 5, memory=memory)
+        rows += seq2seq_train.run(rounds=3 if args.quick else 4, memory=memory)
         print(table(rows, peak), flush=True)
     if "generation" in args.only:
         import generation
 
-        rows += generation.run(rounds=3 if args.quick else 5, memory=memory)
+        rows += generation.run(rounds=3 if args.quick else 4, memory=memory)
         print(table(rows, peak), flush=True)
     if "encoder_inference" in args.only:
         import encoder_inference
 
-        rows += encoder_inference.run(rounds=3 if args.quick else 6, memory=memory)
+        rows += encoder_inference.run(rounds=3 if args.quick else 4, memory=memory)
     elapsed = time.perf_counter() - began
     print()
     print(table(rows, peak))
