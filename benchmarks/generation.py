@@ -71,6 +71,11 @@ def beam_loop(model, src: torch.Tensor, beams: int, new_tokens: int) -> torch.Te
     return history.index_select(0, best)
 
 
+def _inference(call):
+    with torch.inference_mode():
+        return call()
+
+
 def _library_greedy():
     try:
         from aiayn.decoding.sampling import generate  # helper `lm`'s implementation, when merged
@@ -87,11 +92,20 @@ def build_greedy(which: list[str], batch: int) -> dict:
     for name in which:
         if name == "aiayn":
             model = aiayn_from_hf(hf).eval()
-            sides[name] = lambda model=model: greedy_loop(model, prompt, NEW)
+            library = _library_greedy()
+            if library is None:
+                sides[name] = lambda model=model: greedy_loop(model, prompt, NEW)[:, PROMPT:]
+            else:
+                sides[name] = lambda model=model: _inference(lambda: torch.tensor(
+                    library(model, prompt, max_new_tokens=NEW, greedy=True).tokens))
+        elif name == "aiayn-loop":
+            model = aiayn_from_hf(hf).eval()
+            sides[name] = lambda model=model: greedy_loop(model, prompt, NEW)[:, PROMPT:]
         else:
             sides[name] = lambda: hf.generate(
                 prompt, attention_mask=torch.ones_like(prompt), do_sample=False, num_beams=1,
-                max_new_tokens=NEW, min_new_tokens=NEW, pad_token_id=0, eos_token_id=None)
+                max_new_tokens=NEW, min_new_tokens=NEW, pad_token_id=0,
+                eos_token_id=None)[:, PROMPT:]
     return sides
 
 
@@ -117,16 +131,22 @@ def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
     setup()
     rows = []
     for batch in (1, 8):
-        sides = build_greedy(["aiayn", "hf"], batch)
-        same = torch.equal(sides["aiayn"](), sides["hf"]())
+        names = ["aiayn", "hf"] + (["aiayn-loop"] if _library_greedy() is not None else [])
+        sides = build_greedy(names, batch)
+        reference = sides["hf"]()
+        same = {name: torch.equal(sides[name](), reference) for name in names if name != "hf"}
         timing = alternate(sides, rounds=rounds, warmup=1)
         rss = ({name: peak_rss_subprocess("generation.py", name, ["--greedy-batch", str(batch)])
                 for name in ("aiayn", "hf")} if memory else {"aiayn": None, "hf": None})
-        rows.append(dict(benchmark=f"greedy generation, batch {batch}",
-                         shape=f"d256 L4 V8192 prompt {PROMPT} +{NEW}", ours="aiayn", peer="hf-gpt2",
-                         metric="new tokens/s", ours_value=batch * NEW / timing.median("aiayn"),
-                         peer_value=batch * NEW / timing.median("hf"), same_tokens=same,
-                         ours_rss=rss["aiayn"], peer_rss=rss["hf"]))
+        for ours in names:
+            if ours == "hf":
+                continue
+            rows.append(dict(benchmark=f"greedy generation, batch {batch}",
+                             shape=f"d256 L4 V8192 prompt {PROMPT} +{NEW}", ours=ours,
+                             peer="hf-gpt2", metric="new tokens/s",
+                             ours_value=batch * NEW / timing.median(ours),
+                             peer_value=batch * NEW / timing.median("hf"), same_tokens=same[ours],
+                             ours_rss=rss.get(ours), peer_rss=rss["hf"]))
     sides = build_beam(["aiayn", "hf"])
     same = torch.equal(sides["aiayn"](), sides["hf"]()[:, : BEAM_NEW + 1])
     timing = alternate(sides, rounds=rounds, warmup=1)

@@ -172,22 +172,18 @@ def _from_bert(hf) -> TransformerEncoder:
 
 
 def aiayn_from_hf(hf) -> nn.Module:
-    """The aiayn twin of a Hugging Face GPT-2 / Marian / BERT model (same weights, eval/train mode)."""
-    try:
-        from aiayn import from_pretrained  # the interop package, once merged
-    except ImportError:
-        from_pretrained = None
-    if from_pretrained is not None:
-        import tempfile
+    """The aiayn twin of a Hugging Face GPT-2 / Marian / BERT model (same weights and mode).
 
-        with tempfile.TemporaryDirectory() as directory:
-            hf.save_pretrained(directory)
-            model = from_pretrained(directory)
-    else:
-        name = type(hf).__name__
+    Uses the interop package (``aiayn.interop.hf.from_transformers``) when present, else the maps above.
+    """
+    try:
+        from aiayn.interop.hf import from_transformers
+    except ImportError:
         builders = {"GPT2LMHeadModel": _from_gpt2, "MarianMTModel": _from_marian,
                     "BertModel": _from_bert}
-        model = builders[name](hf)
+        model = builders[type(hf).__name__](hf)
+    else:
+        model = from_transformers(hf)
     return model.train(hf.training)
 
 

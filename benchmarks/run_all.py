@@ -69,40 +69,47 @@ def main(argv: list[str]) -> None:
           f"load average {load_before[0]:.2f}", flush=True)
     memory = not args.quick
     rows: list[dict] = []
+
+    def record(finished: bool) -> None:  # after every suite, so an interrupted run keeps its rows
+        for row in rows:
+            row["ratio"] = row["ours_value"] / row["peer_value"]
+        save_results(args.out, dict(
+            command="python3 benchmarks/run_all.py " + " ".join(argv), machine=cpu_name(),
+            cores=os.cpu_count(), threads=THREADS, torch=torch.__version__, gemm_peak_gflops=peak,
+            seconds=time.perf_counter() - began, load_average_before=load_before[0],
+            load_average_now=os.getloadavg()[0], finished=finished, rows=rows))
+
     if "lm_train" in args.only:
         import lm_train
 
         for d_model in args.d_model:
-            rows += lm_train.run(d_model, compile_ours=args.compile, rounds=3 if args.quick else 6,
+            rows += lm_train.run(d_model, compile_ours=args.compile, rounds=3 if args.quick else 5,
                                  memory=memory)
             print(table(rows, peak), flush=True)
+            record(False)
     if "seq2seq_train" in args.only:
         import seq2seq_train
 
-        rows += seq2seq_train.run(rounds=3 if args.quick else 5, memory=memory)
+        rows += seq2seq_train.run(rounds=3 if args.quick else 4, memory=memory)
         print(table(rows, peak), flush=True)
+        record(False)
     if "generation" in args.only:
         import generation
 
-        rows += generation.run(rounds=3 if args.quick else 5, memory=memory)
+        rows += generation.run(rounds=3 if args.quick else 4, memory=memory)
         print(table(rows, peak), flush=True)
+        record(False)
     if "encoder_inference" in args.only:
         import encoder_inference
 
-        rows += encoder_inference.run(rounds=3 if args.quick else 6, memory=memory)
+        rows += encoder_inference.run(rounds=3 if args.quick else 4, memory=memory)
     elapsed = time.perf_counter() - began
     print()
     print(table(rows, peak))
     load_after = os.getloadavg()
     print(f"\n{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {THREADS} threads; "
           f"{elapsed:.0f} s; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    for row in rows:
-        row["ratio"] = row["ours_value"] / row["peer_value"]
-    save_results(args.out, dict(
-        command="python3 benchmarks/run_all.py " + " ".join(argv), machine=cpu_name(),
-        cores=os.cpu_count(), threads=THREADS, torch=torch.__version__,
-        gemm_peak_gflops=peak, seconds=elapsed, load_average_before=load_before[0],
-        load_average_after=load_after[0], rows=rows))
+    record(True)
     print(f"wrote {args.out}")
 
 
