@@ -13,13 +13,7 @@ from hf_helpers import max_diff_where, padded_ids, randomise
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is fastest, and much faster when other jobs share the cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 TOLERANCE = 1e-4
 
 BERT_CONFIGS = {  # odd widths, head counts and layer counts
