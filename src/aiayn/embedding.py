@@ -13,6 +13,7 @@ import math
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
+from aiayn.normalisation import apply_dropout, layer_norm
 from aiayn.positions import LearnedPositions, SinusoidalPositions
 
 
@@ -35,9 +36,7 @@ class Embeddings(nn.Module):
         self.max_length = config.max_length
         self.token_types = (nn.Embedding(config.type_vocab_size, config.d_model)
                             if config.type_vocab_size else None)
-        self.norm = (nn.LayerNorm(config.d_model, eps=config.layer_norm_eps,
-                                 bias=config.layer_norm_bias)
-                     if config.embedding_norm else None)
+        self.norm = layer_norm(config) if config.embedding_norm else None
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, ids: Tensor, *, start: int = 0, positions: Tensor | None = None,
@@ -57,4 +56,4 @@ class Embeddings(nn.Module):
                      else self.token_types(token_types))
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(x) if self.training and self.dropout.p > 0 else x
+        return apply_dropout(self.dropout, x)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.normalisation import apply_dropout
+
 ACTIVATION_FUNCTIONS = {
     "relu": F.relu,
     "gelu": F.gelu,
@@ -40,6 +42,4 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.activation(self.linear1(x))  # (B, T, F)
-        if self.training and self.dropout.p > 0:  # no module call when inactive (decoding speed)
-            hidden = self.dropout(hidden)
-        return self.linear2(hidden)
+        return self.linear2(apply_dropout(self.dropout, hidden))

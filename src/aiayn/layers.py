@@ -20,6 +20,7 @@ from aiayn.attention.multihead import MultiHeadAttention
 from aiayn.config import TransformerConfig
 from aiayn.attention.kernels import make_kernel
 from aiayn.feedforward import FeedForward
+from aiayn.normalisation import apply_dropout, layer_norm
 
 
 class Residual(nn.Module):
@@ -27,22 +28,14 @@ class Residual(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps,
-                                 bias=config.layer_norm_bias)
+        self.norm = layer_norm(config)
         self.dropout = nn.Dropout(config.dropout)
         self.norm_first = config.norm_first
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        # Skipping an inactive dropout saves a module call per sub-layer: it shows when decoding one
-        # token at a time, where per-call overhead is most of the step (benchmarks/generation.py).
-        dropout = self.dropout if self.training and self.dropout.p > 0 else _identity
         if self.norm_first:
-            return x + dropout(sublayer(self.norm(x)))
-        return self.norm(x + dropout(sublayer(x)))
-
-
-def _identity(x: Tensor) -> Tensor:
-    return x
+            return x + apply_dropout(self.dropout, sublayer(self.norm(x)))
+        return self.norm(x + apply_dropout(self.dropout, sublayer(x)))
 
 
 def make_attention(config: TransformerConfig, *, cross: bool) -> MultiHeadAttention:

@@ -19,6 +19,7 @@ from aiayn.config import TransformerConfig
 from aiayn.embedding import Embeddings
 from aiayn.layers import DecoderLayer, EncoderLayer
 from aiayn.masks import check_padding_mask, key_padding_to_attention
+from aiayn.normalisation import layer_norm
 
 
 @dataclass
@@ -47,9 +48,7 @@ def check_ids(ids: Tensor, name: str) -> None:
 
 
 def final_norm(config: TransformerConfig) -> nn.Module | None:
-    if not config.final_norm:
-        return None
-    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.layer_norm_bias)
+    return layer_norm(config) if config.final_norm else None
 
 
 class Encoder(nn.Module):

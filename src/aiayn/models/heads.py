@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
 from aiayn.feedforward import activation_function
+from aiayn.normalisation import layer_norm
 
 
 class OutputProjection(nn.Module):
@@ -65,8 +66,7 @@ class MaskedLMHead(nn.Module):
         if config.mlm_transform:
             self.dense = nn.Linear(config.d_model, config.d_model)
             self.activation = activation_function(config.activation)
-            self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps,
-                                 bias=config.layer_norm_bias)
+            self.norm = layer_norm(config)
         else:
             self.dense = None
         self.projection = OutputProjection(config, embedding, tied=config.tie_output)
