@@ -60,10 +60,16 @@ class DecoderCache:
         self.max_length = max_length
         self.length = 0
 
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search): every layer's caches follow ``index`` (B',)."""
+    def reorder(self, index: Tensor, *, cross: bool = True) -> None:
+        """Select batch rows (beam search): every layer's caches follow ``index`` (B',).
+
+        ``cross=False`` leaves the cross-attention keys/values alone: right when ``index`` only moves
+        rows among the beams of the same source, which share them (a copy per step saved).
+        """
         for cache in self.self_attention:
             cache.reorder(index)
+        if not cross:
+            return
         self.cross = [None if kv is None else (kv[0].index_select(0, index),
                                                kv[1].index_select(0, index))
                       for kv in self.cross]

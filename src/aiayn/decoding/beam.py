@@ -126,7 +126,7 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
             scores, new_tokens = scores[keep], new_tokens[keep]
             alive = [alive[row] for row in keep_sentences]
             mask = mask.view(n, K, -1)[keep].view(len(keep_sentences) * K, -1)
-        cache.reorder(rows)
+        cache.reorder(rows, cross=len(keep_sentences) < n)  # beams of one source share memory
         history = torch.cat([history[rows], new_tokens.view(-1, 1)], dim=1)  # (n'*K, t+1)
         tokens = new_tokens.view(-1, 1)  # (n'*K, 1)
     results = []
