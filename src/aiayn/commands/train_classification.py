@@ -90,6 +90,9 @@ def make_task(args: argparse.Namespace):
     if len(parts["valid"]) == 0:
         raise ValueError(f"{path}: no validation rows (its split column has no 'valid' rows)")
     labels = LabelMap.from_labels(parts["train"].labels)
+    if len(labels) < 2:  # one class: nothing to learn, every prediction trivially right
+        raise ValueError(f"{path}: classification needs at least 2 labels in the training rows, "
+                         f"found only {list(labels.names)}")
     pretrained = None
     out = Path(args.out)
     if args.init:
