@@ -183,6 +183,7 @@ def train(task: str, c: Ctx, *data: Path | str, extra: tuple[str, ...] = ()) -> 
 
 # --- data files: every task that reads files -------------------------------------------------------
 BINARY = b"good line\tgut\n\xff\xfe\x00binary\tjunk\n"
+GZIPPED = __import__("gzip").compress(b"text\tlabel\n" + b"some words\tnet\n" * 200)
 for task, missing, empty, directory, binary in [
         ("translation", "data file not found", "the data file is empty", "is a directory",
          "bad.bin:2: not valid UTF-8"),
@@ -200,6 +201,12 @@ for task, missing, empty, directory, binary in [
         "corpus", directory)
     cli(f"data-{task}-binary", lambda c, t=task: train(t, c, c.file("bad.bin", BINARY)),
         binary, "UTF-8")
+    cli(f"data-{task}-gz-that-is-not-gzip",
+        lambda c, t=task: train(t, c, c.file("plain.txt.gz", "plain text\tnot gzip\n")),
+        "plain.txt.gz", "Not a gzipped file")
+    cli(f"data-{task}-truncated-gz",
+        lambda c, t=task: train(t, c, c.file("cut.txt.gz", GZIPPED[:len(GZIPPED) // 2])),
+        "cut.txt.gz", "ended before the end-of-stream marker")
 
 cli("data-translation-wrong-field-count",
     lambda c: train("translation", c, c.file("f.tsv", "a b\tc d\njust one field\n")),
@@ -221,7 +228,7 @@ cli("data-translation-three-files",
                     c.file("c.txt", "c\n")), "a source and a target file", "got 3 paths")
 cli("data-translation-absurdly-long-line",
     lambda c: train("translation", c, c.file("long.tsv", "w " * 200_000 + "\tx y\n")),
-    "no training pair is within max_length")
+    "long.tsv: no training pair is within max_length=128", "--max-length")
 cli("data-classification-wrong-field-count",
     lambda c: train("classification", c, c.file("f.tsv", "text\tlabel\nfine\tnet\nno label\n")),
     "f.tsv, line 3: expected 2 tab-separated fields")
@@ -234,11 +241,17 @@ cli("data-classification-empty-text",
 cli("data-classification-one-label-only",
     lambda c: train("classification", c, c.file("one.tsv", "".join(
         f"text number {i}\tnet\n" for i in range(30)))), "one.tsv", "at least 2 labels", "'net'")
-cli("data-classification-absurdly-long-line-only",
-    lambda c: train("classification", c, c.file("long.tsv", "text\tlabel\n" + "w " * 200_000
-                                                 + "\tnet\n")), "long.tsv")
+cli("data-classification-too-few-rows-for-a-split",
+    lambda c: train("classification", c, c.file("two.tsv", "text\tlabel\nhttp\tnet\nmidi\tsound\n")),
+    "two.tsv: too few rows for a validation split")
 cli("data-mlm-single-text",
     lambda c: train("mlm", c, c.file("one.txt", "just one text\n")), "one.txt", "at least 2 texts")
+cli("data-mlm-tsv-wrong-field-count",
+    lambda c: train("mlm", c, c.file("m.tsv", "text\tlabel\nhello\tx\nonly\n")),
+    "m.tsv, line 3: expected 2 tab-separated fields")
+cli("data-translation-split-column-without-train-rows",
+    lambda c: train("translation", c, c.file("s.tsv", "en\tde\tsplit\na\tb\ttest\nc\td\ttest\n")),
+    "s.tsv: no training pairs")
 cli("data-mlm-tsv-without-text-column",
     lambda c: train("mlm", c, c.file("t.tsv", "body\tlabel\nhello\tx\n")),
     "t.tsv, line 1", "'text' column")
