@@ -14,11 +14,12 @@ damages a run works on its own copy.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
+import io
 import json
 import random
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -109,6 +110,7 @@ class Ctx:
         self.tmp, self.data, self.runs = tmp, data, runs
         self.watched: dict[Path, dict[str, str]] = {}  # path -> digest taken before the call
         self.absent: list[Path] = []  # must not exist after the call
+        self.stdin: bytes | None = None  # what a command reads from stdin
 
     def file(self, name: str, content: str | bytes) -> Path:
         path = self.tmp / name
@@ -267,6 +269,20 @@ cli("data-lm-evaluate-unseen-character",
 cli("data-lm-generate-unseen-character",
     lambda c: ["generate", str(c.run("lm")), "--prompt", "Zebra", "--max-new-tokens", "2"],
     "'Z' is not in the model's vocabulary")
+def stdin(c: Ctx, data: bytes, argv: list[str]) -> list[str]:
+    c.stdin = data
+    return argv
+
+
+cli("data-translate-stdin-not-utf8",
+    lambda c: stdin(c, b"the cat\n\xff\xfe sat\n", ["translate", str(c.run("translation"))]),
+    "stdin, line 2: not UTF-8")
+cli("data-classify-stdin-not-utf8",
+    lambda c: stdin(c, b"http server\n\xff\n", ["classify", str(c.run("classification"))]),
+    "stdin, line 2: not UTF-8")
+cli("data-translate-beam-zero",
+    lambda c: stdin(c, b"the cat\n", ["translate", str(c.run("translation")), "--beam", "0"]),
+    "--beam must be at least 1")
 cli("data-translation-evaluate-bad-file",
     lambda c: ["evaluate", str(c.run("translation")), "--data",
                str(c.file("f.tsv", "a b\tc d\nno tab\n"))], "f.tsv:2")
@@ -480,6 +496,28 @@ cli("run-cli-resume-truncated-checkpoint",
     lambda c: ["train", "lm", "--data", str(c.data["lm"]), "--out",
                str(c.run("lm", truncate("checkpoints/step-2/model.safetensors"))), *COMMON,
                *TASK_ARGS["lm"], "--steps", "4"], "step-2", "model.safetensors")
+def edit_checkpoint_state(**changes: Any) -> Callable[[Path], None]:
+    def damage(run_dir: Path) -> None:
+        path = run_dir / "checkpoints" / "step-2" / "trainer_state.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+    return damage
+
+
+def resume_lm(c: Ctx, run_dir: Path, *extra: str) -> list[str]:
+    return ["train", "lm", "--data", str(c.data["lm"]), "--out", str(run_dir), *COMMON,
+            *TASK_ARGS["lm"], "--steps", "4", *extra]
+
+
+cli("run-cli-resume-checkpoint-of-a-newer-format",
+    lambda c: resume_lm(c, c.run("lm", edit_checkpoint_state(format_version=99))),
+    "trainer_state.json", "99", "newer")
+cli("run-cli-resume-corrupt-checkpoint-state",
+    lambda c: resume_lm(c, c.run("lm", lambda p: (
+        p / "checkpoints/step-2/trainer_state.json").write_text("{"))),
+    "trainer_state.json", "corrupt checkpoint state")
+cli("run-cli-resume-with-another-model-config",
+    lambda c: resume_lm(c, c.run("lm"), "--set", "d_model=64"),
+    "holds a run with another model config", "d_model")
 cli("run-cli-init-from-a-translation-run",
     lambda c: train("classification", c, c.data["classification"],
                     extra=("--init", str(c.run("translation")))),
@@ -555,9 +593,11 @@ for words, leaf in leaf_parsers(build_parser()):
 
 # --- the test ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("row", ROWS)
-def test_bad_input(row: Row, ctx: Ctx, capsys) -> None:
+def test_bad_input(row: Row, ctx: Ctx, capsys, monkeypatch) -> None:
     if row.kind == "cli":
         argv = row.call(ctx)
+        if ctx.stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(ctx.stdin), "utf-8"))
         capsys.readouterr()
         try:
             code = main(argv)
@@ -591,3 +631,22 @@ def test_the_matrix_is_large_and_covers_every_category():
     from aiayn.commands.train import available_tasks
 
     assert trained == set(available_tasks())  # every `train TASK` has generated rows
+
+
+# --- absurdly long lines at inference, and nothing lost before a bad line ---------------------------
+@pytest.mark.parametrize("command", ["translate", "classify"])
+def test_long_lines_are_answered_and_lines_before_a_bad_one_are_kept(command, runs, capsys,
+                                                                     monkeypatch):
+    """A line far past the position table is still answered (cut to the model's length); the
+    lines before a non-UTF-8 line are answered, in order, before the error."""
+    run_dir = runs["translation" if command == "translate" else "classification"]
+    before = tree_digest(run_dir)
+    long_line = "the cat sat on the mat " * 2000  # ~14000 tokens; max_length is 128 / 64
+    data = f"the house is small\n{long_line}\n".encode() + b"\xff broken\nnever read\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), "utf-8"))
+    capsys.readouterr()
+    assert main([command, str(run_dir)]) == 1
+    captured = capsys.readouterr()
+    assert "stdin, line 3: not UTF-8" in captured.err and "Traceback" not in captured.err
+    assert len(captured.out.splitlines()) == 2  # lines 1 and 2 answered
+    assert tree_digest(run_dir) == before

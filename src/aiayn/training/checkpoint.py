@@ -277,6 +277,12 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]
         raise ValueError(f"{meta_path}: corrupt checkpoint state ({error})") from None
     if not isinstance(meta, dict) or "step" not in meta:
         raise ValueError(f"{meta_path}: corrupt checkpoint state (no step)")
+    from aiayn.training.run import FORMAT_VERSION  # late: run.py imports this module
+
+    version = meta.get("format_version", FORMAT_VERSION)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ValueError(f"{meta_path}: checkpoint format version {version!r} is newer than this "
+                         f"aiayn reads ({FORMAT_VERSION}); upgrade aiayn")
     sums = meta.get("sha256", {})
     tensors = read_tensors(path / "trainer_state.safetensors",
                            sha256=sums.get("trainer_state.safetensors"))
