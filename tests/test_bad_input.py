@@ -415,6 +415,14 @@ def edit_run_json(**changes: Any) -> Callable[[Path], None]:
     return damage
 
 
+def _hf_dir(c: Ctx, config: dict | str) -> Path:
+    directory = c.tmp / "hf-dir"
+    directory.mkdir()
+    text = config if isinstance(config, str) else json.dumps(config)
+    (directory / "config.json").write_text(text, encoding="utf-8")
+    return c.watch(directory)
+
+
 def other_run_weights(run_dir: Path) -> None:
     """Weights of another model, with a matching checksum: shapes must catch it."""
     from aiayn.training.checkpoint import save_weights
@@ -479,6 +487,29 @@ api("run-checkpoint-without-state",
 api("run-weights-option-missing-file",
     lambda c: load(c.run("lm"), weights=c.tmp / "other.safetensors"), FileNotFoundError,
     "other.safetensors")
+def from_pretrained(path: Path) -> Any:
+    import aiayn
+
+    return aiayn.from_pretrained(path)
+
+
+api("hf-dir-missing", lambda c: from_pretrained(c.tmp / "gone"), FileNotFoundError,
+    "checkpoint directory not found", "gone")
+api("hf-dir-is-a-file", lambda c: from_pretrained(c.file("model.safetensors", b"x")),
+    NotADirectoryError, "model.safetensors is a file")
+api("hf-dir-without-config", lambda c: from_pretrained(c.dir("hf")), FileNotFoundError,
+    "config.json: missing")
+api("hf-unsupported-model-type",
+    lambda c: from_pretrained(_hf_dir(c, {"model_type": "llama"})),
+    ValueError, "model_type='llama' is not supported")
+api("hf-config-not-json", lambda c: from_pretrained(_hf_dir(c, "{nope")), ValueError,
+    "config.json", "not valid JSON")
+cli("run-cli-attention-not-a-run",
+    lambda c: ["attention", str(c.dir("empty")), "--text", "hi", "--out", str(c.out("maps"))],
+    "is not an aiayn run directory")
+cli("run-cli-plot-run-without-log",
+    lambda c: ["plot", "run", str(c.dir("empty")), "--out", str(c.out("curves.png"))],
+    "no training log", "log.jsonl")
 cli("run-cli-translate-not-a-run", lambda c: ["translate", str(c.dir("notrun"))],
     "is not an aiayn run directory")
 cli("run-cli-generate-a-translation-run",
@@ -624,7 +655,7 @@ def test_the_matrix_is_large_and_covers_every_category():
     ids = [row.id for row in ROWS]
     assert len(ids) == len(set(ids)), "duplicate row ids"
     counts = {prefix: sum(i.startswith(prefix + "-") for i in ids)
-              for prefix in ("data", "config", "model", "run", "cli")}
+              for prefix in ("data", "config", "model", "run", "hf", "cli")}
     assert all(count >= 5 for count in counts.values()), counts
     assert len(ids) >= 45
     trained = {i.split("-")[3] for i in ids if i.startswith("cli-parser-train-")}

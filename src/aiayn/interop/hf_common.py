@@ -114,9 +114,13 @@ def read_config(directory: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: the directory or its config.json does not exist.
+        NotADirectoryError: ``directory`` is a file.
         ValueError: config.json is not a JSON object.
     """
     directory = Path(directory)
+    if directory.is_file():
+        raise NotADirectoryError(f"{directory} is a file; expected a Hugging Face checkpoint "
+                                 f"directory (config.json + weights)")
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {directory}")
     path = directory / CONFIG_FILE
