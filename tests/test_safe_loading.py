@@ -155,7 +155,7 @@ def load_weights(path: Path):
     return load(TransformerEncoder(BERT_LIKE), path)
 
 
-def cli(*argv: str) -> Callable[[], Any]:
+def cli(*argv: str) -> None:
     """A CLI call that must fail with exit code 1 (the error message is on stderr)."""
     code = main(list(argv))
     assert code == 1, code
