@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "run", None) is None:
         parser.print_help()
+        print(f"{parser.prog}: error: choose a COMMAND", file=sys.stderr)  # usage is on stdout
         return 2
     try:
         return int(args.run(args) or 0)

@@ -56,8 +56,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _missing_task(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
+    import sys
+
+    parser.print_usage(sys.stderr)  # a usage error: usage and the problem on stderr, exit code 2
+    print(f"{parser.prog}: error: choose a TASK: {', '.join(available_tasks())}", file=sys.stderr)
     return 2
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a count that must be at least 1 (a usage error otherwise, exit code 2)."""
+    return _count(text, minimum=1, what="a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a count that may be 0 (e.g. "only at the end")."""
+    return _count(text, minimum=0, what="a non-negative integer")
+
+
+def _count(text: str, *, minimum: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
 
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,10 +95,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="fail instead of resuming when RUN_DIR already holds checkpoints")
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    group.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    group.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
     group = parser.add_argument_group("optimisation")
-    group.add_argument("--steps", type=int, default=100_000, help="optimizer updates")
+    group.add_argument("--steps", type=positive_int, default=100_000, help="optimizer updates")
     group.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                        help="stop training after this many seconds (then evaluate and save)")
     group.add_argument("--optimizer", choices=("adam", "adamw"), default="adam")
@@ -86,13 +109,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        default=False, help="weight decay on matrices/embeddings only, not on "
                        "biases and LayerNorm (GPT-2, nanoGPT)")
     group.add_argument("--schedule", choices=("noam", "warmup_cosine", "constant"), default="noam")
-    group.add_argument("--warmup", type=int, default=4000, help="warm-up steps")
+    group.add_argument("--warmup", type=non_negative_int, default=4000, help="warm-up steps")
     group.add_argument("--lr-factor", type=float, default=1.0,
                        help="noam: multiplies d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
     group.add_argument("--lr", type=float, default=1e-3,
                        help="peak learning rate (warmup_cosine, constant)")
     group.add_argument("--min-lr", type=float, default=0.0, help="warmup_cosine floor")
-    group.add_argument("--accumulation", type=int, default=1,
+    group.add_argument("--accumulation", type=positive_int, default=1,
                        help="micro-batches per update (gradient normalised by their tokens)")
     group.add_argument("--clip-norm", type=float, default=None, help="gradient norm clipping")
     group.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
@@ -108,11 +131,11 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="recompute layer activations in the backward pass (less memory)")
     group.add_argument("--compile", action="store_true", help="torch.compile the model")
     group = parser.add_argument_group("evaluation and checkpoints")
-    group.add_argument("--eval-every", type=int, default=1000)
-    group.add_argument("--save-every", type=int, default=1000)
-    group.add_argument("--log-every", type=int, default=10)
-    group.add_argument("--keep-last", type=int, default=5, help="checkpoints kept (0: all)")
-    group.add_argument("--average-last", type=int, default=0,
+    group.add_argument("--eval-every", type=non_negative_int, default=1000)
+    group.add_argument("--save-every", type=non_negative_int, default=1000)
+    group.add_argument("--log-every", type=positive_int, default=10)
+    group.add_argument("--keep-last", type=non_negative_int, default=5, help="checkpoints kept (0: all)")
+    group.add_argument("--average-last", type=non_negative_int, default=0,
                        help="average the last K checkpoints at the end (paper 6.1: 5)")
     group.add_argument("--best-metric", default="loss",
                        help="validation metric that picks the run's model ('none': final)")

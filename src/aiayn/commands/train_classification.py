@@ -88,8 +88,15 @@ def make_task(args: argparse.Namespace):
     _, parts, split = load_splits(path, valid_fraction=args.valid_fraction,
                                   test_fraction=args.test_fraction, seed=args.split_seed)
     if len(parts["valid"]) == 0:
-        raise ValueError(f"{path}: no validation rows (its split column has no 'valid' rows)")
+        if split is None:
+            raise ValueError(f"{path}: no validation rows (its split column has no 'valid' rows)")
+        raise ValueError(f"{path}: too few rows for a validation split ({len(parts['train'])} "
+                         f"training rows left, --valid-fraction {split['valid_fraction']:g}); "
+                         f"give more rows or a split column")
     labels = LabelMap.from_labels(parts["train"].labels)
+    if len(labels) < 2:  # one class: nothing to learn, every prediction trivially right
+        raise ValueError(f"{path}: classification needs at least 2 labels in the training rows, "
+                         f"found only {list(labels.names)}")
     pretrained = None
     out = Path(args.out)
     if args.init:

@@ -27,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from aiayn.data.text_files import decode_lines
     from aiayn.training import load_run
 
     if args.threads:
@@ -36,13 +37,16 @@ def run(args: argparse.Namespace) -> int:
     run_ = load_run(args.run_dir, task="translation")
     model = run_.model.to(args.device)
     lines: list[str] = []
-    for line in sys.stdin:
-        lines.append(line.rstrip("\r\n"))
-        if len(lines) >= args.batch_lines:
+    try:
+        # Bytes decoded line by line: a line that is not UTF-8 is an error naming it.
+        for _, line in decode_lines(sys.stdin.buffer, "stdin"):
+            lines.append(line)
+            if len(lines) >= args.batch_lines:
+                _flush(model, run_.assets, lines, args)
+                lines = []
+    finally:  # the lines before a bad one are still translated, in order
+        if lines:
             _flush(model, run_.assets, lines, args)
-            lines = []
-    if lines:
-        _flush(model, run_.assets, lines, args)
     return 0
 
 

@@ -114,9 +114,13 @@ def read_config(directory: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: the directory or its config.json does not exist.
+        NotADirectoryError: ``directory`` is a file.
         ValueError: config.json is not a JSON object.
     """
     directory = Path(directory)
+    if directory.is_file():
+        raise NotADirectoryError(f"{directory} is a file; expected a Hugging Face checkpoint "
+                                 f"directory (config.json + weights)")
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {directory}")
     path = directory / CONFIG_FILE
@@ -140,8 +144,10 @@ def _read_safetensors(path: Path) -> dict[str, Tensor]:
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, RuntimeError, ValueError) as error:
+        from aiayn.training.checkpoint import pickle_hint
+
         raise ValueError(f"{path}: not a readable safetensors file, truncated or corrupt "
-                         f"({error})") from None
+                         f"({error}){pickle_hint(path)}") from None
 
 
 def read_weights(directory: str | Path) -> tuple[dict[str, Tensor], dict[str, Path]]:
@@ -180,7 +186,12 @@ def read_weights(directory: str | Path) -> tuple[dict[str, Tensor], dict[str, Pa
         try:
             state = torch.load(legacy, map_location="cpu", weights_only=True)
         except Exception as error:  # torch raises many types for a corrupt or unsafe pickle
-            raise ValueError(f"{legacy}: not a readable weights-only PyTorch file ({error})") from None
+            # torch's message is a page of advice; keep the line that says what it refused.
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            reason = next((line for line in lines if "Unsupported" in line or "GLOBAL" in line),
+                          lines[0] if lines else type(error).__name__)
+            raise ValueError(f"{legacy}: not a readable weights-only PyTorch file, refused ({reason}); "
+                             f"aiayn never unpickles code: convert it to {SAFETENSORS_FILE}") from None
         if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
             raise ValueError(f"{legacy}: expected a flat dict of tensors")
         return state, {key: legacy for key in state}

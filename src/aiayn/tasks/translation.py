@@ -62,7 +62,8 @@ class TranslationTask:
             self.tokenizer = SubwordTokenizer.train(texts, vocab_size=vocab_size)
         self.train_source, self.train_target = self._encode(splits["train"], max_length, max_ratio)
         if not self.train_source:
-            raise ValueError(f"no training pair is within max_length={max_length} tokens")
+            raise ValueError(f"{data[0]}: no training pair is within max_length={max_length} tokens "
+                             f"and max_ratio={max_ratio} (raise --max-length / --max-ratio)")
         self.filtered = len(splits["train"]) - len(self.train_source)
         valid = splits["valid"] or splits["train"][:200]  # tiny corpora: score on seen data
         self.valid_pairs = valid

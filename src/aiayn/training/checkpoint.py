@@ -93,6 +93,16 @@ def save_weights(model: nn.Module, path: str | Path) -> str:
     return digest
 
 
+def pickle_hint(path: Path) -> str:
+    """" (a pickle ...)" when ``path`` starts like a pickle or a torch.save zip, else ""."""
+    with open(path, "rb") as file:
+        head = file.read(2)
+    if head[:1] == b"\x80" or head == b"PK":
+        return ("; it looks like a pickle / torch.save file, which aiayn never loads (it could run "
+                "code): convert it to safetensors")
+    return ""
+
+
 def read_tensors(path: str | Path, *, sha256: str | None = None) -> dict[str, Tensor]:
     """All tensors of a safetensors file, with clear errors for missing, corrupt or altered files."""
     from safetensors.torch import load_file
@@ -107,7 +117,7 @@ def read_tensors(path: str | Path, *, sha256: str | None = None) -> dict[str, Te
         return load_file(str(path))
     except Exception as error:  # safetensors raises its own error types for bad headers/truncation
         raise ValueError(f"{path}: not a readable safetensors file, corrupt or truncated "
-                         f"({error})") from None
+                         f"({error}){pickle_hint(path)}") from None
 
 
 def load_weights(model: nn.Module, path: str | Path, *, sha256: str | None = None) -> None:
@@ -267,6 +277,12 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]
         raise ValueError(f"{meta_path}: corrupt checkpoint state ({error})") from None
     if not isinstance(meta, dict) or "step" not in meta:
         raise ValueError(f"{meta_path}: corrupt checkpoint state (no step)")
+    from aiayn.training.run import FORMAT_VERSION  # late: run.py imports this module
+
+    version = meta.get("format_version", FORMAT_VERSION)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ValueError(f"{meta_path}: checkpoint format version {version!r} is newer than this "
+                         f"aiayn reads ({FORMAT_VERSION}); upgrade aiayn")
     sums = meta.get("sha256", {})
     tensors = read_tensors(path / "trainer_state.safetensors",
                            sha256=sums.get("trainer_state.safetensors"))
