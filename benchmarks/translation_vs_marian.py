@@ -80,7 +80,12 @@ def marian_from_aiayn(model: Transformer, directory: Path):
     from transformers import MarianMTModel
 
     aiayn.save_pretrained(model, directory)
-    return MarianMTModel.from_pretrained(directory, attn_implementation="sdpa")
+    marian = MarianMTModel.from_pretrained(directory, attn_implementation="sdpa")
+    # transformers 5.23's from_pretrained makes the fixed sinusoid tables trainable (requires_grad
+    # True; the constructor sets False): Adam would then train Marian's positions.
+    for stack in (marian.model.encoder, marian.model.decoder):
+        stack.embed_positions.weight.requires_grad_(False)
+    return marian
 
 
 def load_marian_into(model: Transformer, marian) -> None:
@@ -113,6 +118,9 @@ def twins(config: TransformerConfig, *, init: str, seed: int, directory: Path):
         marian = MarianMTModel._from_config(MarianConfig.from_pretrained(directory),
                                             attn_implementation="sdpa")
         load_marian_into(ours, marian)
+    if parameter_count(ours) != parameter_count(marian):
+        raise ValueError(f"trainable parameters differ: aiayn {parameter_count(ours)}, Marian "
+                         f"{parameter_count(marian)}")
     check = from_transformers(marian).config.replace(output_bias=False, init_std=config.init_std)
     differing = {k for k, v in check.to_dict().items() if config.to_dict()[k] != v}
     if differing:
@@ -138,8 +146,9 @@ def ours_logits(model: Transformer, batch: TranslationBatch) -> Tensor:
 
 def marian_logits(model, batch: TranslationBatch) -> Tensor:
     # No decoder mask: causal only, as ours (right padding is never seen by real queries).
+    # use_cache=False: by default Marian also fills a KV cache in a training forward.
     return model(input_ids=batch.source, attention_mask=(batch.source != PAD_ID).long(),
-                 decoder_input_ids=batch.decoder_input).logits  # (B, T, V)
+                 decoder_input_ids=batch.decoder_input, use_cache=False).logits  # (B, T, V)
 
 
 # --- training: one step function for both, alternating blocks --------------------------------------
