@@ -69,6 +69,7 @@ class TranslationTask:
         self.valid_pairs = valid
         self.valid_source, self.valid_target = self._encode(valid, None, None)
         self.valid_bleu_sentences = valid_bleu_sentences
+        self.test_pairs = splits["test"]  # held out; scored by `aiayn evaluate --split test`
 
     def _encode(self, pairs: list[SentencePair], max_length: int | None, max_ratio: float | None
                 ) -> tuple[list[list[int]], list[list[int]]]:
@@ -110,6 +111,10 @@ class TranslationTask:
         return self._batches(self.train_source, self.train_target, shuffle=True,
                              seed=self.seed * 100_003 + epoch)
 
+    def valid_batches(self) -> Iterator[TranslationBatch]:
+        """The validation pairs in fixed token-count batches (no length filter)."""
+        return self._batches(self.valid_source, self.valid_target, shuffle=False, seed=0)
+
     def count(self, batch: TranslationBatch) -> int:
         return batch.target_tokens
 
@@ -130,7 +135,7 @@ class TranslationTask:
         from aiayn.tasks.translate import score_translations, translate_ids
 
         total, tokens = 0.0, 0
-        for batch in self._batches(self.valid_source, self.valid_target, shuffle=False, seed=0):
+        for batch in self.valid_batches():
             total += float(self.loss(model, batch, smoothing=0.0))
             tokens += batch.target_tokens
         metrics = {"loss": total / tokens, "ppl": math.exp(min(total / tokens, 50.0))}
