@@ -155,6 +155,26 @@ def test_baby_gpt_preset_is_nanogpts_baby_gpt():
 
 
 # --- the command line ----------------------------------------------------------------------------
+@pytest.mark.parametrize("options, preset, lr", [
+    ([], "char-gpt", 3e-3),                                 # the tuned default
+    (["--preset", "baby-gpt"], "baby-gpt", 1e-3),           # nanoGPT's exact recipe
+    (["--preset", "char-gpt", "--lr", "5e-4"], "char-gpt", 5e-4),  # an explicit --lr wins
+    (["--preset", "tiny"], "tiny", 1e-3),
+])
+def test_train_lm_peak_learning_rate_follows_the_preset(text_file, tmp_path, options, preset, lr):
+    from aiayn.cli import build_parser
+    from aiayn.commands import train_lm
+
+    args = build_parser().parse_args(["train", "lm", "--data", str(text_file),
+                                      "--out", str(tmp_path / "run"), *options])
+    train_lm.make_task(args)
+    assert (args.preset, args.lr) == (preset, lr)
+
+
+def test_char_gpt_is_the_baby_gpt_network():
+    assert TransformerConfig.preset("char-gpt") == TransformerConfig.preset("baby-gpt")
+
+
 def test_train_generate_evaluate_end_to_end(text_file, tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert main(["train", "lm", "--data", str(text_file), "--out", str(run_dir), "--steps", "6",
