@@ -40,6 +40,14 @@ def _is_write_error(error: BaseException) -> bool:
     return isinstance(error, OSError) or type(error).__name__ == "SafetensorError"
 
 
+class WriteError(OSError):
+    """A failed write (``errno`` kept) whose message names the path, the reason, and that nothing
+    was lost; ``str()`` is that message alone (no "[Errno N]" prefix)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror if self.errno is not None else super().__str__())
+
+
 def _write_error(error: BaseException, path: Path, what: str) -> OSError:
     """An OSError that names what could not be written, where, why, and what is left intact."""
     code = getattr(error, "errno", None)
@@ -52,7 +60,7 @@ def _write_error(error: BaseException, path: Path, what: str) -> OSError:
         " (read-only or not writable directory?)" if code in _READ_ONLY else ""
     message = (f"cannot write {what} {path}: {reason}{hint}; nothing was half-written and the "
                f"previous files are intact")
-    return OSError(code, message) if code is not None else OSError(message)
+    return WriteError(code, message) if code is not None else WriteError(message)
 
 
 @contextlib.contextmanager

@@ -19,11 +19,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import random
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -293,7 +295,11 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
                              f"another directory")
 
     device = _resolve_device(config.device)
+    # All three generators (the checkpoint saves all three): a fresh run is a function of the
+    # seed alone, so a killed-and-resumed run ends bit-identical to an uninterrupted one.
     torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    np.random.seed(config.seed % 2**32)
     model.to(device)
     model.train()
     main = _is_main_process()
@@ -369,7 +375,10 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
         meta = {"format_version": FORMAT_VERSION, "epoch": batches.epoch,
                 "batch_index": batches.index, "optimizer": opt_meta, "rng": rng_meta,
                 "best": best, "skipped": skipped, "units": units_total,
-                "scaler": scaler.state_dict() if scaler is not None else None}
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                # A run killed after its last checkpoint resumes without evaluating (and logging)
+                # that step a second time.
+                "evaluated": last_eval_step == step, "metrics": metrics}
         write_checkpoint(checkpoint_dir, step, full_model,
                          {**opt_tensors, **rng_tensors, **rank_rng}, meta)
         if config.keep_last:
@@ -416,6 +425,8 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     parameters = [p for p in model.parameters() if p.requires_grad]
     metrics: dict[str, float] = {}
     last_eval_step = last_save_step = -1
+    if checkpoints and meta.get("evaluated"):
+        metrics, last_eval_step = meta.get("metrics", {}), step
     window_loss = torch.zeros((), device=device, dtype=torch.float64)
     window_units = 0
     window_start = time.perf_counter()
@@ -511,6 +522,7 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     check_finite()
     if last_eval_step != step:
         metrics = run_evaluation()
+        last_eval_step = step
     if last_save_step != step and not parallel.agree((checkpoint_dir / f"step-{step}").is_dir()):
         save_checkpoint()
     final_model = parallel.full_model()  # the plain module; gathered to rank 0 under FSDP
