@@ -139,14 +139,15 @@ def save_weights(model: nn.Module, path: str | Path) -> str:
         OSError: the write failed (disk full, read-only directory, ...); the message names
             ``path`` and the reason, ``path`` keeps its previous content and no temporary is left.
     """
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
 
     path = Path(path)
+    tensors = unique_tensors(model)
     with explain_write_errors(path, "weights"):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
         os.close(fd)
         try:
-            save_model(_unwrap(model), tmp)
+            save_file(tensors, tmp, metadata={"format": "pt"})
             _fsync_file(Path(tmp))
             digest = sha256_file(tmp)
             os.replace(tmp, path)
@@ -155,6 +156,20 @@ def save_weights(model: nn.Module, path: str | Path) -> str:
             raise
         fsync_dir(path.parent)
     return digest
+
+
+def unique_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """The model's state dict with each tied tensor once, under its alphabetically first name
+    (the name ``safetensors.torch.save_model`` keeps). Unlike ``save_model`` no map of the dropped
+    names goes into the file's metadata: safetensors writes that map in a random order, and the
+    same weights must give the same bytes (checksums, bit-identical resume)."""
+    groups: dict[tuple, list[str]] = {}
+    state = _unwrap(model).state_dict()
+    for name, tensor in state.items():
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+               tuple(tensor.shape), tensor.dtype)
+        groups.setdefault(key, []).append(name)
+    return {min(names): state[min(names)].detach().contiguous() for names in groups.values()}
 
 
 def read_tensors(path: str | Path, *, sha256: str | None = None) -> dict[str, Tensor]:
