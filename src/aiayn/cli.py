@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, TypeError) as error:
+    # OSError: files not found, and writes that failed (disk full, read-only run directory), whose
+    # messages name the path and the reason.
+    except (ValueError, OSError, TypeError) as error:
         print(f"aiayn {args.command}: error: {error}", file=sys.stderr)
         return 1
 

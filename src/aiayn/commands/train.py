@@ -119,7 +119,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="micro-batches per update (gradient normalised by their tokens)")
     group.add_argument("--clip-norm", type=float, default=None, help="gradient norm clipping")
     group.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
-    group.add_argument("--nonfinite", choices=("skip", "raise"), default="skip")
+    group.add_argument("--nonfinite", choices=("skip", "raise"), default="skip",
+                       help="a non-finite (inf/NaN) loss or gradient: skip that update (weights "
+                       "unchanged, logged and counted) or stop with an error naming the step "
+                       "(docs/faults-and-numerics.md)")
     group = parser.add_argument_group(
         "distributed and memory", "launch with torchrun --nproc-per-node N -m aiayn train ... "
         "(docs/distributed.md); --accumulation is per process")

@@ -11,7 +11,6 @@ Legend: B batch, T block length (context), N tokens in a split.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -106,13 +105,11 @@ class CharVocabulary:
 
     def save(self, directory: str | Path) -> Path:
         """Write ``vocabulary.json`` into ``directory`` atomically; returns its path."""
+        from aiayn.training.checkpoint import atomic_write_bytes  # a unique temporary name
+
         path = Path(directory) / self.FILE
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump({"kind": "char", "symbols": self.symbols}, handle, ensure_ascii=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        atomic_write_bytes(path, json.dumps({"kind": "char", "symbols": self.symbols},
+                                            ensure_ascii=False).encode("utf-8"))
         return path
 
     @classmethod

@@ -9,13 +9,16 @@ temporary sibling directory and renamed into place, so a crash mid-write never l
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,55 @@ import torch
 from torch import Tensor, nn
 
 CHECKPOINT_PREFIX = "step-"
+TEMP_SUFFIX = ".tmp"  # every temporary file or directory written here: ".<final name>.<random>.tmp"
+
+# errno values that mean "no room" or "not allowed to write here", with the hint the error gives.
+_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+_READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+# --- write errors -------------------------------------------------------------------------------
+def _is_write_error(error: BaseException) -> bool:
+    # safetensors' Rust writer raises its own SafetensorError ("I/O error: ... (os error 28)").
+    return isinstance(error, OSError) or type(error).__name__ == "SafetensorError"
+
+
+class WriteError(OSError):
+    """A failed write (``errno`` kept) whose message names the path, the reason, and that nothing
+    was lost; ``str()`` is that message alone (no "[Errno N]" prefix)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror if self.errno is not None else super().__str__())
+
+
+def _write_error(error: BaseException, path: Path, what: str) -> OSError:
+    """An OSError that names what could not be written, where, why, and what is left intact."""
+    code = getattr(error, "errno", None)
+    if code is None:
+        match = re.search(r"os error (\d+)", str(error))
+        code = int(match.group(1)) if match else None
+    reason = (getattr(error, "strerror", None) if isinstance(error, OSError) else None) \
+        or (os.strerror(code) if code else None) or str(error)
+    hint = " (disk full?)" if code in _FULL else \
+        " (read-only or not writable directory?)" if code in _READ_ONLY else ""
+    message = (f"cannot write {what} {path}: {reason}{hint}; nothing was half-written and the "
+               f"previous files are intact")
+    return WriteError(code, message) if code is not None else WriteError(message)
+
+
+@contextlib.contextmanager
+def explain_write_errors(path: str | Path, what: str) -> Iterator[None]:
+    """Turn an OSError / SafetensorError raised while writing ``path`` into one clear OSError."""
+    try:
+        yield
+    except Exception as error:
+        # An inner writer's explained error is re-explained with this (outer, final) path.
+        original = error.__cause__ if getattr(error, "_aiayn_explained", False) else error
+        if original is not None and _is_write_error(original):
+            explained = _write_error(original, Path(path), what)
+            explained._aiayn_explained = True  # type: ignore[attr-defined]
+            raise explained from original
+        raise
 
 
 # --- atomic file primitives ---------------------------------------------------------------------
@@ -41,19 +93,25 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory, fsync, rename."""
+    """Write ``data`` to ``path`` via a temporary file in the same directory, fsync, rename.
+
+    Raises:
+        OSError: the write failed (disk full, read-only directory, ...); the message names
+            ``path`` and the reason, ``path`` keeps its previous content and no temporary is left.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with explain_write_errors(path, "file"):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
 
 
 def atomic_write_json(path: str | Path, data: Any) -> None:
@@ -75,21 +133,28 @@ def sha256_file(path: str | Path) -> str:
 
 # --- weights ------------------------------------------------------------------------------------
 def save_weights(model: nn.Module, path: str | Path) -> str:
-    """Atomically write the model's weights (tied matrices once) and return the file's SHA-256."""
-    from safetensors.torch import save_model
+    """Atomically write the model's weights (tied matrices once) and return the file's SHA-256.
+
+    Raises:
+        OSError: the write failed (disk full, read-only directory, ...); the message names
+            ``path`` and the reason, ``path`` keeps its previous content and no temporary is left.
+    """
+    from safetensors.torch import save_file
 
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_model(_unwrap(model), tmp)
-        _fsync_file(Path(tmp))
-        digest = sha256_file(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    tensors = unique_tensors(model)
+    with explain_write_errors(path, "weights"):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata={"format": "pt"})
+            _fsync_file(Path(tmp))
+            digest = sha256_file(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
     return digest
 
 
@@ -101,6 +166,20 @@ def pickle_hint(path: Path) -> str:
         return ("; it looks like a pickle / torch.save file, which aiayn never loads (it could run "
                 "code): convert it to safetensors")
     return ""
+
+
+def unique_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """The model's state dict with each tied tensor once, under its alphabetically first name
+    (the name ``safetensors.torch.save_model`` keeps). Unlike ``save_model`` no map of the dropped
+    names goes into the file's metadata: safetensors writes that map in a random order, and the
+    same weights must give the same bytes (checksums, bit-identical resume)."""
+    groups: dict[tuple, list[str]] = {}
+    state = _unwrap(model).state_dict()
+    for name, tensor in state.items():
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+               tuple(tensor.shape), tensor.dtype)
+        groups.setdefault(key, []).append(name)
+    return {min(names): state[min(names)].detach().contiguous() for names in groups.values()}
 
 
 def read_tensors(path: str | Path, *, sha256: str | None = None) -> dict[str, Tensor]:
@@ -235,34 +314,66 @@ def optimizer_from_tensors(optimizer: torch.optim.Optimizer, tensors: Mapping[st
 
 def write_checkpoint(directory: str | Path, step: int, model: nn.Module,
                      tensors: Mapping[str, Tensor], meta: dict[str, Any]) -> Path:
-    """Write ``directory/step-N`` atomically: a temporary directory renamed into place."""
+    """Write ``directory/step-N`` atomically: a temporary directory renamed into place.
+
+    Raises:
+        OSError: the write failed (disk full, read-only directory, ...); the message names the
+            checkpoint and the reason; earlier checkpoints are untouched and no temporary is left.
+    """
+    directory = Path(directory)
+    final = directory / f"{CHECKPOINT_PREFIX}{step}"
+    with explain_write_errors(final, "checkpoint"):
+        _write_checkpoint(directory, final, model, tensors, {**meta, "step": step})
+    fsync_dir(directory)
+    return final
+
+
+def _write_checkpoint(directory: Path, final: Path, model: nn.Module,
+                      tensors: Mapping[str, Tensor], meta: dict[str, Any]) -> None:
     from safetensors.torch import save_file
 
-    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"{CHECKPOINT_PREFIX}{step}"
-    tmp = Path(tempfile.mkdtemp(dir=directory, prefix=f".{final.name}.", suffix=".tmp"))
+    tmp = Path(tempfile.mkdtemp(dir=directory, prefix=f".{final.name}.", suffix=TEMP_SUFFIX))
     try:
         files = {"model.safetensors": save_weights(model, tmp / "model.safetensors")}
         save_file({key: value.detach().cpu().contiguous() for key, value in tensors.items()},
                   str(tmp / "trainer_state.safetensors"))
         _fsync_file(tmp / "trainer_state.safetensors")
         files["trainer_state.safetensors"] = sha256_file(tmp / "trainer_state.safetensors")
-        atomic_write_json(tmp / "trainer_state.json", {**meta, "step": step, "sha256": files})
+        atomic_write_json(tmp / "trainer_state.json", {**meta, "sha256": files})
         fsync_dir(tmp)
         if final.exists():  # re-saving a step (e.g. a resumed run reaching it again): swap
-            old = directory / f".{final.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+            remove_checkpoint(final)
+        os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fsync_dir(directory)
-    return final
+
+
+def remove_checkpoint(path: str | Path) -> None:
+    """Delete a checkpoint directory so that no half-deleted ``step-N`` can ever be seen: it is
+    renamed to a temporary name first (atomic), then removed."""
+    path = Path(path)
+    doomed = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.deleted.",
+                                   suffix=TEMP_SUFFIX))
+    os.rename(path, doomed)  # replaces the empty directory just made
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def remove_temporaries(directory: str | Path) -> list[Path]:
+    """Delete what a killed writer left in ``directory``: ``.<name>.<random>.tmp`` files and
+    directories (never a finished file). Returns the removed paths."""
+    directory = Path(directory)
+    removed = []
+    if directory.is_dir():
+        for child in directory.iterdir():
+            if child.name.startswith(".") and child.name.endswith(TEMP_SUFFIX):
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+                removed.append(child)
+    return removed
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any], Path]:

@@ -2,7 +2,8 @@
 
 The smoothed target puts 1 - eps on the reference token and eps / V on every token (the reference
 included), as in Szegedy et al. 2016 and ``torch.nn.functional.cross_entropy(label_smoothing=eps)``:
-loss = (1 - eps) * (-log p[y]) + eps * mean_v(-log p[v]).
+loss = (1 - eps) * (-log p[y]) + eps * mean_v(-log p[v]). Tokens with p[v] = 0 (a -inf logit) are
+left out of the mean: smoothing towards an impossible token would make every loss infinite.
 
 Legend: N targets, V vocabulary.
 """
@@ -42,6 +43,11 @@ def label_smoothed_cross_entropy(logits: Tensor, targets: Tensor, *, smoothing: 
     safe_targets = targets.masked_fill(~keep, 0)
     nll = -log_probs.gather(1, safe_targets.unsqueeze(1)).squeeze(1)  # (N,)
     if smoothing > 0.0:
-        uniform = -log_probs.mean(dim=-1)  # (N,)
+        # The smoothing mass goes to the tokens that are possible at all: a -inf logit (a token
+        # masked out of the vocabulary, or one pushed to log 0 by extreme logits) would otherwise
+        # make the loss infinite for every target (log 0 in the uniform term).
+        impossible = log_probs == float("-inf")  # (N, V)
+        possible = (log_probs.shape[-1] - impossible.sum(dim=-1)).clamp(min=1)  # (N,)
+        uniform = -log_probs.masked_fill(impossible, 0.0).sum(dim=-1) / possible  # (N,)
         nll = (1.0 - smoothing) * nll + smoothing * uniform
     return nll.masked_fill(~keep, 0.0).sum()

@@ -19,20 +19,21 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import shutil
+import random
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import nn
 
 from aiayn.training import distributed
 from aiayn.training.checkpoint import (
-    atomic_write_json, average_checkpoints, assign_weights, capture_rng, list_checkpoints,
-    load_weights, optimizer_from_tensors, optimizer_to_tensors, read_checkpoint, restore_rng,
-    save_weights, write_checkpoint)
+    atomic_write_bytes, atomic_write_json, average_checkpoints, assign_weights, capture_rng,
+    list_checkpoints, load_weights, optimizer_from_tensors, optimizer_to_tensors, read_checkpoint,
+    remove_checkpoint, remove_temporaries, restore_rng, save_weights, write_checkpoint)
 from aiayn.training.run import (
     CHECKPOINT_DIR, FORMAT_VERSION, LOG_FILE, RUN_FILE, WEIGHTS_FILE, qualified_name,
     read_run_info)
@@ -61,7 +62,13 @@ class TrainingConfig:
         best_metric / best_mode: the validation metric that picks the run's model ("min" | "max");
             None: the final weights.
         seed: torch/Python/NumPy seed for initialisation and dropout.
-        nonfinite: "skip" (drop an update whose gradient is inf/NaN, count it) or "raise".
+        nonfinite: what a non-finite (inf/NaN) loss or gradient does. "skip": that update is not
+            applied (weights and optimizer state stay as they were), the step is logged
+            (``"nonfinite": "skipped"``) and counted in ``skipped``. "raise": training stops
+            with a ValueError naming the first bad step, before any later checkpoint, evaluation
+            or weights file is written (checked at logging, saving and evaluation, so the device
+            is not synchronised every step). With fp16 autocast the gradient scaler skips bad
+            updates itself.
         progress: show a tqdm progress bar.
         device: "cpu", "cuda", ... (None: cuda if available).
         time_limit: seconds of training in this process after which no new step starts (at least
@@ -170,7 +177,7 @@ class _Log:
         self.enabled = _is_main_process()
         if self.enabled and resume_step is not None and path.is_file():
             # A killed run may have logged past its last checkpoint: drop those lines, they will
-            # be logged again by the resumed run.
+            # be logged again by the resumed run. Rewritten atomically: a kill now loses nothing.
             kept = []
             for line in path.read_text(encoding="utf-8").splitlines():
                 try:
@@ -178,9 +185,9 @@ class _Log:
                         kept.append(line)
                 except json.JSONDecodeError:
                     continue  # a line cut by the kill
-            path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            atomic_write_bytes(path, "".join(line + "\n" for line in kept).encode("utf-8"))
         elif self.enabled and resume_step is None:
-            path.write_text("", encoding="utf-8")
+            atomic_write_bytes(path, b"")
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
@@ -288,10 +295,17 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
                              f"another directory")
 
     device = _resolve_device(config.device)
+    # All three generators (the checkpoint saves all three): a fresh run is a function of the
+    # seed alone, so a killed-and-resumed run ends bit-identical to an uninterrupted one.
     torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    np.random.seed(config.seed % 2**32)
     model.to(device)
     model.train()
     main = _is_main_process()
+    if main:  # what a killed writer left behind (never a finished file)
+        remove_temporaries(run_dir)
+        remove_temporaries(checkpoint_dir)
     parallel = distributed.Parallel(config.distributed, device)
     if parallel.strategy == "fsdp" and config.average_last:
         raise ValueError("average_last is not supported with distributed='fsdp' (it evaluates the "
@@ -361,15 +375,32 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
         meta = {"format_version": FORMAT_VERSION, "epoch": batches.epoch,
                 "batch_index": batches.index, "optimizer": opt_meta, "rng": rng_meta,
                 "best": best, "skipped": skipped, "units": units_total,
-                "scaler": scaler.state_dict() if scaler is not None else None}
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                # A run killed after its last checkpoint resumes without evaluating (and logging)
+                # that step a second time.
+                "evaluated": last_eval_step == step, "metrics": metrics}
         write_checkpoint(checkpoint_dir, step, full_model,
                          {**opt_tensors, **rng_tensors, **rank_rng}, meta)
         if config.keep_last:
             for old in list_checkpoints(checkpoint_dir)[:-config.keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+                remove_checkpoint(old)
+
+    first_nonfinite = torch.zeros((), dtype=torch.long, device=device)  # 0: none yet
+
+    def check_finite() -> None:
+        """nonfinite="raise": stop before anything is written after a bad step (one sync)."""
+        if config.nonfinite != "raise":
+            return
+        ranks_hit = int(parallel.sum((first_nonfinite > 0).to(torch.float64)).item())
+        if ranks_hit:
+            where = int(first_nonfinite.item())
+            raise ValueError(
+                f"non-finite training loss or gradient at step {where}" if where else
+                f"non-finite training loss or gradient on another rank (before step {step})")
 
     def run_evaluation() -> dict[str, float]:
         nonlocal best
+        check_finite()
         metrics = _evaluate(parallel.eval_model, task)
         log.write({"step": step, "split": "valid", **metrics})
         metric = config.best_metric
@@ -394,6 +425,8 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
     parameters = [p for p in model.parameters() if p.requires_grad]
     metrics: dict[str, float] = {}
     last_eval_step = last_save_step = -1
+    if checkpoints and meta.get("evaluated"):
+        metrics, last_eval_step = meta.get("metrics", {}), step
     window_loss = torch.zeros((), device=device, dtype=torch.float64)
     window_units = 0
     window_start = time.perf_counter()
@@ -412,6 +445,7 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
         units = parallel.global_count(sum(task.count(batch) for batch in micro))
         if units <= 0:
             raise ValueError(f"step {step + 1}: the accumulated batches hold no loss units")
+        step_loss = torch.zeros((), device=device, dtype=torch.float64)
         for index, batch in enumerate(micro):
             with parallel.gradient_sync(index == len(micro) - 1), \
                     torch.autocast(device.type, dtype=autocast_dtype,
@@ -421,7 +455,8 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
             # the DDP/FSDP average over ranks.
             scaled = loss.float() * parallel.gradient_scale / units
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
-            window_loss += loss.detach().double()
+            step_loss += loss.detach().double()
+        window_loss += step_loss
         window_units += units
         units_total += units
         step += 1
@@ -430,23 +465,30 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
             group["lr"] = lr
         if scaler is not None:
             scaler.unscale_(optimizer)
-        if config.clip_norm is not None or config.nonfinite == "skip" \
-                or step % config.log_every == 0:
+        norm_now = config.clip_norm is not None or config.nonfinite == "skip" \
+            or step % config.log_every == 0
+        if norm_now:
             grad_norm = parallel.grad_norm(parameters, config.clip_norm)
+        if config.nonfinite == "raise":  # tracked on the device: no sync here
+            finite = torch.isfinite(step_loss)
+            if norm_now and scaler is None:  # fp16: the scaler handles inf gradients itself
+                finite = finite & torch.isfinite(grad_norm)
+            first_nonfinite = torch.where((first_nonfinite == 0) & ~finite,
+                                          torch.full_like(first_nonfinite, step), first_nonfinite)
         if scaler is not None:
             scaler.step(optimizer)  # skips the update itself on inf/NaN and lowers the scale
             scaler.update()
         elif config.nonfinite == "skip" and not torch.isfinite(grad_norm).item():
             skipped += 1
+            log.write({"step": step, "split": "train", "nonfinite": "skipped",
+                       "skipped": skipped})
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
         if step % config.log_every == 0 or step == config.steps:
             mean_loss = parallel.sum(window_loss).item() / max(window_units, 1)
-            if config.nonfinite == "raise" and not math.isfinite(mean_loss):
-                raise ValueError(f"non-finite training loss ({mean_loss}) between steps "
-                                 f"{step - config.log_every + 1} and {step}")
+            check_finite()
             elapsed = time.perf_counter() - window_start
             record = {"step": step, "split": "train", "loss": mean_loss,
                       "ppl": math.exp(min(mean_loss, 50.0)), "lr": lr,
@@ -471,13 +513,16 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
                 progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4g}"
                                                             for k, v in metrics.items()))
         if config.save_every and step % config.save_every == 0:
+            check_finite()
             save_checkpoint()
             last_save_step = step
     if progress is not None:
         progress.close()
 
+    check_finite()
     if last_eval_step != step:
         metrics = run_evaluation()
+        last_eval_step = step
     if last_save_step != step and not parallel.agree((checkpoint_dir / f"step-{step}").is_dir()):
         save_checkpoint()
     final_model = parallel.full_model()  # the plain module; gathered to rank 0 under FSDP
