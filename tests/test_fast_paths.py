@@ -7,18 +7,24 @@
 - a cache with ``rows_per_memory`` shares cross-attention keys/values among beams: equal to decoding
   with the memory repeated per row, at every step, through reorders and sentences leaving;
 - the vocabulary-major output projection (no grad, few rows): equal to ``linear``;
-- beam search on the shared-memory cache: the same hypotheses and scores as the plain cache.
+- beam search on the shared-memory cache: the same hypotheses and scores as the plain cache;
+- oneDNN linear layers with the FFN activation fused (CPU inference, many rows): equal to
+  ``nn.Linear`` + activation, and whole models equal with the path switched off.
 """
+import pytest
 
 import torch
 from torch import nn
 
 from aiayn import CausalLM, Transformer, TransformerConfig
+from aiayn import inference_linear
 from aiayn.attention.cache import KVCache
 from aiayn.decoding import beam as beam_module
 from aiayn.models.heads import OutputProjection
 from aiayn.feedforward import FeedForward
+from aiayn.feedforward import activation_function
 from aiayn.layers import Residual
+from aiayn.models import TransformerEncoder
 
 
 def _plain_residual(residual: Residual, x, sublayer):
@@ -200,3 +206,41 @@ class _RepeatingCache:
 
     def reorder(self, index, cross=True):
         self.inner.reorder(index)  # plain cache: cross rows follow the rows, as before the change
+
+
+needs_onednn = pytest.mark.skipif(not inference_linear.enabled, reason="no oneDNN linear here")
+
+
+@needs_onednn
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu"])
+def test_onednn_linear_with_fused_activation_equals_linear(activation):
+    torch.manual_seed(0)
+    layer = nn.Linear(24, 40)
+    x = torch.randn(2, inference_linear.MIN_ROWS, 24)  # enough rows for the oneDNN path
+    with torch.no_grad():
+        assert inference_linear.uses_onednn(x, layer)
+        fused = inference_linear.linear_activation(layer, x, activation)
+        plain = activation_function(activation)(layer(x))
+        torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(inference_linear.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
+    # under autograd, or for a few rows, it is the plain layer
+    assert not inference_linear.uses_onednn(x, layer)
+    assert inference_linear.linear_activation(layer, x, activation) is None
+    with torch.no_grad():
+        assert not inference_linear.uses_onednn(x[:, :3], layer)
+
+
+@needs_onednn
+def test_models_with_onednn_inference_equal_the_plain_path(monkeypatch):
+    torch.manual_seed(0)
+    encoder = TransformerEncoder(TransformerConfig.preset("tiny", activation="gelu")).eval()
+    seq2seq = Transformer(TransformerConfig.preset("tiny")).eval()
+    ids = torch.randint(3, 100, (6, 60))  # 360 rows: over MIN_ROWS
+    mask = torch.ones(6, 60, dtype=torch.bool)
+    mask[1, 40:] = False
+    with torch.no_grad():
+        fast = [encoder(ids, padding_mask=mask), seq2seq(ids, ids[:, :55], src_padding_mask=mask)]
+        monkeypatch.setattr(inference_linear, "enabled", False)
+        plain = [encoder(ids, padding_mask=mask), seq2seq(ids, ids[:, :55], src_padding_mask=mask)]
+    for a, b in zip(fast, plain):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

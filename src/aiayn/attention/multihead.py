@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from aiayn.attention.cache import DecoderCache
 from aiayn.attention.kernels import AttentionKernel, ReferenceAttention
+from aiayn.inference_linear import linear
 
 
 class MultiHeadAttention(nn.Module):
@@ -57,19 +58,20 @@ class MultiHeadAttention(nn.Module):
     def _project_query_key_value(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if self.fused_projections:
             batch, length, _ = x.shape
-            qkv = self.qkv_proj(x).view(batch, length, 3, self.n_heads, self.head_dim)
+            qkv = linear(self.qkv_proj, x).view(batch, length, 3, self.n_heads, self.head_dim)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, Dh)
             return q, k, v
-        return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        return (self._heads(linear(self.q_proj, x)), self._heads(linear(self.k_proj, x)),
+                self._heads(linear(self.v_proj, x)))
 
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values (B, H, S, Dh) of cross-attention; computed once per source when decoding."""
         if self.fused_projections:
             batch, length, _ = memory.shape
-            kv = self.kv_proj(memory).view(batch, length, 2, self.n_heads, self.head_dim)
+            kv = linear(self.kv_proj, memory).view(batch, length, 2, self.n_heads, self.head_dim)
             k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, H, S, Dh)
             return k, v
-        return self._heads(self.k_proj(memory)), self._heads(self.v_proj(memory))
+        return self._heads(linear(self.k_proj, memory)), self._heads(linear(self.v_proj, memory))
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
                 causal: bool = False, cache: DecoderCache | None = None, layer_index: int = 0,
@@ -90,7 +92,7 @@ class MultiHeadAttention(nn.Module):
         batch, length, _ = x.shape
         dropout = self.dropout if self.training else 0.0
         if self.cross:
-            q = self._heads(self.q_proj(x))  # (B, H, T, Dh)
+            q = self._heads(linear(self.q_proj, x))  # (B, H, T, Dh)
             if cache is not None and cache.cross[layer_index] is not None:
                 k, v = cache.cross[layer_index]
             else:
@@ -127,7 +129,7 @@ class MultiHeadAttention(nn.Module):
 
     def _merge(self, out: Tensor, batch: int, length: int) -> Tensor:
         out = out.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, T, D): concat heads
-        return self.out_proj(out)
+        return linear(self.out_proj, out)
 
 
 def _fold_groups(x: Tensor, group: int) -> Tensor:
