@@ -33,7 +33,7 @@ def greedy_loop(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     out = torch.empty(batch, length + new_tokens, dtype=prompt.dtype)
     out[:, :length] = prompt
     cache = model.new_cache(batch, length + new_tokens)
-    logits = model(prompt, cache=cache)[:, -1]  # (B, V)
+    logits = model.lm_head(model.hidden_states(prompt, cache=cache)[:, -1])  # (B, V): last only
     for position in range(length, length + new_tokens):
         token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
         out[:, position: position + 1] = token
