@@ -12,6 +12,7 @@ workload and reads ``VmHWM``, so the figure is the resident peak while working, 
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -86,8 +87,17 @@ def alternate(sides: dict[str, Callable[[], object]], *, rounds: int, warmup: in
 
 
 def peak_rss_here(work: Callable[[], object]) -> int:
-    """Resident-set high-water mark (bytes) of this process while running ``work``."""
+    """Resident-set high-water mark (bytes) of this process while running ``work``.
+
+    Freed heap memory is handed back to the OS first (glibc ``malloc_trim``): the aiayn side builds
+    the peer's model to copy its weights, and without the trim the freed peer would still count in
+    aiayn's resident set.
+    """
     gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the figure may include freed heap pages
     try:
         with open("/proc/self/clear_refs", "w") as handle:
             handle.write("5")  # resets VmHWM to the current RSS

@@ -33,7 +33,7 @@ def greedy_loop(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     out = torch.empty(batch, length + new_tokens, dtype=prompt.dtype)
     out[:, :length] = prompt
     cache = model.new_cache(batch, length + new_tokens)
-    logits = model(prompt, cache=cache)[:, -1]  # (B, V)
+    logits = model.lm_head(model.hidden_states(prompt, cache=cache)[:, -1])  # (B, V): last only
     for position in range(length, length + new_tokens):
         token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
         out[:, position: position + 1] = token
@@ -44,17 +44,22 @@ def greedy_loop(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def beam_loop(model, src: torch.Tensor, beams: int, new_tokens: int) -> torch.Tensor:
-    """Fixed-length beam search (no EOS): the best of ``beams`` hypotheses per source, (B, 1 + new)."""
+    """Fixed-length beam search (no EOS): the best of ``beams`` hypotheses per source, (B, 1 + new).
+
+    The cache shares each source's cross-attention keys/values among its beams (``rows_per_memory``),
+    so the memory is encoded, projected and kept once per source and never reordered; the self-attention
+    cache reorders in place. Tokens and back-pointers go into preallocated (steps, B*K) buffers and
+    the best hypothesis is traced back once at the end, so a step appends nothing.
+    """
     batch = src.shape[0]
     config = model.config
-    memory = model.encode(src)  # (B, S, D)
-    memory = memory.repeat_interleave(beams, dim=0)  # (B*K, S, D)
-    cache = model.new_cache(batch * beams, new_tokens + 1)
+    memory = model.encode(src)  # (B, S, D), once per source
+    cache = model.new_cache(batch * beams, new_tokens + 1, rows_per_memory=beams)
     tokens = torch.full((batch * beams, 1), config.decoder_start_id, dtype=torch.long)
     scores = torch.zeros(batch, beams)
     scores[:, 1:] = float("-inf")  # all beams start identical: keep one
-    history = torch.empty(batch * beams, new_tokens + 1, dtype=torch.long)
-    history[:, 0] = config.decoder_start_id
+    chosen = torch.empty(new_tokens, batch * beams, dtype=torch.long)  # token of each row per step
+    parents = torch.empty(new_tokens, batch * beams, dtype=torch.long)  # row it extends
     offsets = (torch.arange(batch) * beams)[:, None]  # (B, 1)
     for step in range(new_tokens):
         logits = model.decode(tokens, memory if step == 0 else None, cache=cache)[:, -1]
@@ -64,11 +69,15 @@ def beam_loop(model, src: torch.Tensor, beams: int, new_tokens: int) -> torch.Te
         scores, flat = candidates.topk(beams, dim=-1)  # (B, K)
         origin = (flat // vocab + offsets).view(-1)  # (B*K,) rows that survive
         tokens = (flat % vocab).view(-1, 1)
-        history = history.index_select(0, origin)
-        history[:, step + 1] = tokens[:, 0]
-        cache.reorder(origin)
-    best = scores.argmax(dim=-1) + offsets[:, 0]
-    return history.index_select(0, best)
+        chosen[step], parents[step] = tokens[:, 0], origin
+        cache.reorder(origin, cross=False)  # beams move within their source: memory is shared
+    row = scores.argmax(dim=-1) + offsets[:, 0]  # (B,) best final row per source
+    history = torch.empty(batch, new_tokens + 1, dtype=torch.long)
+    history[:, 0] = config.decoder_start_id
+    for step in range(new_tokens - 1, -1, -1):  # trace the back-pointers
+        history[:, step + 1] = chosen[step, row]
+        row = parents[step, row]
+    return history
 
 
 def _inference(call):

@@ -111,8 +111,11 @@ def main(argv: list[str]) -> None:
         memory_main(lambda side: build_sides(args.d_model, [side])[side], args.memory, steps=3)
         return
     for row in run(args.d_model, compile_ours=args.compile, rounds=args.rounds):
+        compiled = (f"  (torch.compile: first two steps {row['compile_s']:.0f} s)"
+                    if row.get("compile_s") else "")
         print(f"{row['ours']:>14} vs {row['peer']:<8} {row['ours_value']:8.0f} vs "
-              f"{row['peer_value']:8.0f} tokens/s  ratio {row['ours_value'] / row['peer_value']:.3f}")
+              f"{row['peer_value']:8.0f} tokens/s  ratio {row['ours_value'] / row['peer_value']:.3f}"
+              f"{compiled}")
 
 
 if __name__ == "__main__":

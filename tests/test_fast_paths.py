@@ -2,16 +2,29 @@
 
 - inactive dropout (eval mode, or p = 0) is skipped instead of called: outputs equal a model whose
   dropout modules are called explicitly; active dropout still drops;
-- the KV cache writes and reads through ``narrow`` views: equal to slice assignment.
+- the KV cache writes and reads through ``narrow`` views: equal to slice assignment;
+- ``KVCache.reorder`` gathers the filled prefix into a spare buffer and swaps: equal to index_select;
+- a cache with ``rows_per_memory`` shares cross-attention keys/values among beams: equal to decoding
+  with the memory repeated per row, at every step, through reorders and sentences leaving;
+- the vocabulary-major output projection (no grad, few rows): equal to ``linear``;
+- beam search on the shared-memory cache: the same hypotheses and scores as the plain cache;
+- oneDNN linear layers with the FFN activation fused (CPU inference, many rows): equal to
+  ``nn.Linear`` + activation, and whole models equal with the path switched off.
 """
+import pytest
 
 import torch
 from torch import nn
 
 from aiayn import CausalLM, Transformer, TransformerConfig
+from aiayn import inference_linear
 from aiayn.attention.cache import KVCache
+from aiayn.decoding import beam as beam_module
+from aiayn.models.heads import OutputProjection
 from aiayn.feedforward import FeedForward
+from aiayn.feedforward import activation_function
 from aiayn.layers import Residual
+from aiayn.models import TransformerEncoder
 
 
 def _plain_residual(residual: Residual, x, sublayer):
@@ -71,3 +84,163 @@ def test_kv_cache_narrow_write_equals_slice_assignment():
     assert torch.equal(read_k, keys[:, :, :7]) and torch.equal(read_v, values[:, :, :7])
     assert read_k.data_ptr() == cache.keys.data_ptr()  # a view, not a copy
     assert torch.equal(cache.keys[:, :, 7:], torch.zeros(2, 3, 3, 4))
+
+
+def test_kv_cache_reorder_in_place_equals_index_select():
+    cache = KVCache(4, 2, 6, 3)
+    keys, values = torch.randn(4, 2, 6, 3), torch.randn(4, 2, 6, 3)
+    cache.write(0, keys[:, :, :4], values[:, :, :4])
+    buffers = {cache.keys.data_ptr(), cache.values.data_ptr()}
+    for index in (torch.tensor([1, 1, 3, 0]), torch.tensor([2, 0, 0, 1])):
+        expected_keys, expected_values = cache.keys.index_select(0, index), \
+            cache.values.index_select(0, index)
+        with torch.no_grad():
+            cache.reorder(index, filled=4)
+        torch.testing.assert_close(cache.keys[:, :, :4], expected_keys[:, :, :4], rtol=0, atol=0)
+        torch.testing.assert_close(cache.values[:, :, :4], expected_values[:, :, :4], rtol=0, atol=0)
+        buffers |= {cache.keys.data_ptr(), cache.values.data_ptr()}
+    assert len(buffers) == 4  # two buffers per tensor, swapped: nothing allocated after the first
+    with torch.no_grad():
+        cache.reorder(torch.tensor([3, 0]), filled=4)  # a smaller batch: new tensors, same rows
+    assert cache.keys.shape == (2, 2, 6, 3)
+
+
+def test_shared_memory_cache_equals_repeated_memory():
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.preset("tiny")).eval()
+    beams, sources = 3, 2
+    src = torch.randint(3, 100, (sources, 7))
+    src_mask = torch.ones(sources, 7, dtype=torch.bool)
+    src_mask[1, 4:] = False
+    tgt = torch.randint(3, 100, (sources * beams, 5))
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)  # (2, S, D)
+        shared = model.new_cache(sources * beams, 5, rows_per_memory=beams)
+        plain = model.new_cache(sources * beams, 5)
+        repeated, repeated_mask = memory.repeat_interleave(beams, 0), src_mask.repeat_interleave(beams, 0)
+        for step, order in enumerate([None, torch.tensor([2, 2, 0, 5, 3, 3]), None,
+                                      torch.tensor([1, 0, 0, 4, 4, 5])]):
+            if order is not None:
+                shared.reorder(order, cross=False)
+                plain.reorder(order)
+            fast = model.decode(tgt[:, step:step + 1], memory if step == 0 else None,
+                                memory_padding_mask=src_mask, cache=shared)
+            slow = model.decode(tgt[:, step:step + 1], repeated if step == 0 else None,
+                                memory_padding_mask=repeated_mask, cache=plain)
+            torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+        # the second sentence leaves: select its source and its rows
+        shared.select_sources(torch.tensor([0]))
+        shared.reorder(torch.tensor([0, 1, 2]), cross=False)
+        plain.reorder(torch.tensor([0, 1, 2]))
+        fast = model.decode(tgt[:3, 4:5], None, memory_padding_mask=src_mask[:1], cache=shared)
+        slow = model.decode(tgt[:3, 4:5], None, memory_padding_mask=repeated_mask[:3], cache=plain)
+        torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+    assert shared.cross[0][0].shape[0] == 1  # one row of cross keys/values per source
+    try:
+        shared.reorder(torch.tensor([0, 1, 2]))  # cross=True on a shared cache: refused
+    except ValueError as error:
+        assert "select_sources" in str(error)
+    else:
+        raise AssertionError("reorder(cross=True) of a shared-memory cache must raise")
+
+
+def test_vocabulary_major_projection_equals_linear():
+    torch.manual_seed(0)
+    for output_bias in (True, False):
+        config = TransformerConfig.preset("tiny", output_bias=output_bias)
+        projection = OutputProjection(config, nn.Embedding(100, 32), tied=True)
+        if output_bias:
+            nn.init.normal_(projection.bias)
+        for shape in ((1, 32), (4, 1, 32), (3, 5, 32), (70, 32)):
+            hidden = torch.randn(shape)
+            plain = nn.functional.linear(hidden, projection.weight, projection.bias)
+            with torch.no_grad():
+                fast = projection(hidden)
+            assert fast.shape == plain.shape and fast.is_contiguous()
+            torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_beam_search_on_shared_memory_equals_plain_cache():
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.preset("tiny", vocab_size=40)).eval()
+    src = torch.randint(3, 40, (3, 6))
+    src_mask = torch.ones(3, 6, dtype=torch.bool)
+    src_mask[2, 3:] = False
+    fast = beam_module.beam_search(model, src, src_mask, beam_size=3, max_extra=6)
+
+    class PlainCacheModel(nn.Module):
+        """The model with the memory repeated per beam and a plain (unshared) cache."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def encode(self, source, mask):
+            return self.inner.encode(source, mask)
+
+        def new_cache(self, batch, max_length, rows_per_memory=1):
+            self.beams = rows_per_memory
+            return _RepeatingCache(self.inner.new_cache(batch, max_length), rows_per_memory)
+
+        def decode(self, tokens, memory, memory_padding_mask=None, cache=None):
+            if memory is not None:
+                memory = memory.repeat_interleave(self.beams, 0)
+            mask = memory_padding_mask.repeat_interleave(self.beams, 0)
+            return self.inner.decode(tokens, memory, memory_padding_mask=mask, cache=cache.inner)
+
+    slow = beam_module.beam_search(PlainCacheModel(model), src, src_mask, beam_size=3, max_extra=6)
+    assert [h.tokens for h in fast] == [h.tokens for h in slow]
+    # grouped cross-attention sums in another order: scores agree to float32 rounding
+    torch.testing.assert_close(torch.tensor([h.score for h in fast]),
+                               torch.tensor([h.score for h in slow]), rtol=1e-5, atol=1e-5)
+
+
+class _RepeatingCache:
+    """A plain DecoderCache driven through the shared-memory calls of beam search."""
+
+    def __init__(self, inner, beams):
+        self.inner, self.beams, self.sources = inner, beams, None
+
+    def select_sources(self, index):
+        self.sources = index
+
+    def reorder(self, index, cross=True):
+        self.inner.reorder(index)  # plain cache: cross rows follow the rows, as before the change
+
+
+needs_onednn = pytest.mark.skipif(not inference_linear.enabled, reason="no oneDNN linear here")
+
+
+@needs_onednn
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu"])
+def test_onednn_linear_with_fused_activation_equals_linear(activation):
+    torch.manual_seed(0)
+    layer = nn.Linear(24, 40)
+    x = torch.randn(2, inference_linear.MIN_ROWS, 24)  # enough rows for the oneDNN path
+    with torch.no_grad():
+        assert inference_linear.uses_onednn(x, layer)
+        fused = inference_linear.linear_activation(layer, x, activation)
+        plain = activation_function(activation)(layer(x))
+        torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(inference_linear.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
+    # under autograd, or for a few rows, it is the plain layer
+    assert not inference_linear.uses_onednn(x, layer)
+    assert inference_linear.linear_activation(layer, x, activation) is None
+    with torch.no_grad():
+        assert not inference_linear.uses_onednn(x[:, :3], layer)
+
+
+@needs_onednn
+def test_models_with_onednn_inference_equal_the_plain_path(monkeypatch):
+    torch.manual_seed(0)
+    encoder = TransformerEncoder(TransformerConfig.preset("tiny", activation="gelu")).eval()
+    seq2seq = Transformer(TransformerConfig.preset("tiny")).eval()
+    ids = torch.randint(3, 100, (6, 60))  # 360 rows: over MIN_ROWS
+    mask = torch.ones(6, 60, dtype=torch.bool)
+    mask[1, 40:] = False
+    with torch.no_grad():
+        fast = [encoder(ids, padding_mask=mask), seq2seq(ids, ids[:, :55], src_padding_mask=mask)]
+        monkeypatch.setattr(inference_linear, "enabled", False)
+        plain = [encoder(ids, padding_mask=mask), seq2seq(ids, ids[:, :55], src_padding_mask=mask)]
+    for a, b in zip(fast, plain):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.inference_linear import linear, linear_activation
 from aiayn.normalisation import apply_dropout
 
 ACTIVATION_FUNCTIONS = {
@@ -38,8 +39,12 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.activation = activation_function(activation)
+        self.activation_name = activation
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = self.activation(self.linear1(x))  # (B, T, F)
-        return self.linear2(apply_dropout(self.dropout, hidden))
+        # Inference on CPU: one oneDNN pass for the product and the activation (aiayn.inference_linear).
+        hidden = linear_activation(self.linear1, x, self.activation_name)
+        if hidden is None:
+            hidden = self.activation(self.linear1(x))  # (B, T, F)
+        return linear(self.linear2, apply_dropout(self.dropout, hidden))

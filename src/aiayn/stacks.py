@@ -105,15 +105,30 @@ class Decoder(nn.Module):
 
     def new_cache(self, batch: int, max_length: int | None = None, *,
                   device: torch.device | str | None = None,
-                  dtype: torch.dtype | None = None) -> DecoderCache:
-        """A preallocated cache for ``batch`` sequences of up to ``max_length`` positions."""
+                  dtype: torch.dtype | None = None, rows_per_memory: int = 1) -> DecoderCache:
+        """A preallocated cache for ``batch`` sequences of up to ``max_length`` positions.
+
+        ``rows_per_memory`` G > 1 (beam search: the beam size): every G consecutive rows decode from
+        the same source, so ``memory`` and ``memory_padding_mask`` are given once per source
+        (batch / G rows) and their cross-attention keys/values are computed and kept once.
+
+        Raises:
+            ValueError: ``max_length`` exceeds the position table, or G does not divide ``batch``.
+        """
         max_length = self.max_length if max_length is None else max_length
         if max_length > self.max_length:
             raise ValueError(f"cache of {max_length} positions exceeds the position table "
                              f"(max_length={self.max_length})")
+        if isinstance(rows_per_memory, int) and rows_per_memory > 1:
+            if not self.cross_attention:
+                raise ValueError("rows_per_memory needs a decoder with cross-attention")
+            if batch % rows_per_memory:
+                raise ValueError(f"rows_per_memory={rows_per_memory} must divide the batch "
+                                 f"({batch})")
         reference = self.embeddings.tokens.weight
         return new_decoder_cache([layer.self_attention for layer in self.layers], batch, max_length,
-                                 device=device or reference.device, dtype=dtype or reference.dtype)
+                                 device=device or reference.device, dtype=dtype or reference.dtype,
+                                 rows_per_memory=rows_per_memory)
 
     def forward(self, ids: Tensor, memory: Tensor | None = None, *,
                 padding_mask: Tensor | None = None, memory_padding_mask: Tensor | None = None,
@@ -141,13 +156,19 @@ class Decoder(nn.Module):
         if self.cross_attention:
             if memory is None and (cache is None or cache.cross[0] is None):
                 raise ValueError("the decoder of an encoder-decoder model needs the encoder output")
+            group = 1 if cache is None else cache.rows_per_memory
+            if batch % group:
+                raise ValueError(f"the cache shares each memory row among {group} rows, but the "
+                                 f"batch has {batch} rows")
+            sources = batch // group  # memory rows (B / G)
             if memory is not None:
-                if memory.dim() != 3 or memory.shape[0] != batch:
-                    raise ValueError(f"memory must have shape (B={batch}, S, D), got "
+                if memory.dim() != 3 or memory.shape[0] != sources:
+                    raise ValueError(f"memory must have shape (B={sources}, S, D), got "
                                      f"{tuple(memory.shape)}")
             if memory_padding_mask is not None:
                 source_length = memory.shape[1] if memory is not None else cache.cross[0][0].shape[2]
-                check_padding_mask(memory_padding_mask, batch, source_length, "memory_padding_mask")
+                check_padding_mask(memory_padding_mask, sources, source_length,
+                                   "memory_padding_mask")
                 memory_mask = key_padding_to_attention(memory_padding_mask)  # (B, 1, 1, S)
         if positions is not None and tuple(positions.shape) != (batch, length):
             raise ValueError(f"positions must have shape (B={batch}, T={length}), got "

@@ -5,6 +5,12 @@ tokens, so no step allocates or concatenates (pytorch-labs/gpt-fast's ``KVCache.
 returns views of the filled prefix: no copy, and attention costs what the filled length costs rather
 than S_max (on CPU that difference dominates short generations).
 
+Beam search reorders the rows every step. ``KVCache.reorder`` gathers only the filled prefix into a
+second preallocated buffer and swaps the two (double buffering), so a step allocates nothing and never
+copies the unwritten tail. Beams of one source share its cross-attention keys/values: a cache made
+with ``rows_per_memory = K`` keeps them once per source (B / K rows) and the cross-attention groups each
+source's K query rows together (``MultiHeadAttention``), so they are neither repeated nor reordered.
+
 Legend: B batch (times beams), H heads, S_max cache capacity, T new tokens, Dh head width.
 """
 
@@ -22,6 +28,7 @@ class KVCache:
         shape = (batch, heads, max_length, head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)  # (B, H, S_max, Dh)
         self.values = torch.zeros(shape, device=device, dtype=dtype)  # (B, H, S_max, Dh)
+        self._spare: tuple[Tensor, Tensor] | None = None  # the second buffer of ``reorder``
 
     @property
     def capacity(self) -> int:
@@ -40,10 +47,34 @@ class KVCache:
         self.values.narrow(2, start, end - start).copy_(values)
         return self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end)
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (B',) in place of the old rows, e.g. surviving beams."""
-        self.keys = self.keys.index_select(0, index)
-        self.values = self.values.index_select(0, index)
+    def reorder(self, index: Tensor, *, filled: int | None = None) -> None:
+        """Keep batch rows ``index`` (B',) in place of the old rows, e.g. surviving beams.
+
+        Args:
+            index: (B',) row indices into the current batch.
+            filled: positions written so far; only those are moved (default: the whole capacity).
+                Positions at or past ``filled`` hold stale values afterwards (they are overwritten
+                before they are ever read).
+        """
+        batch = self.keys.shape[0]
+        filled = self.capacity if filled is None else filled
+        # New tensors when the batch shrinks (finished sentences leave) or when the cache is part of an
+        # autograd graph (in-place ``out=`` writes cannot be differentiated).
+        if index.shape[0] != batch or (torch.is_grad_enabled() and self.keys.requires_grad):
+            self.keys = self.keys.index_select(0, index)
+            self.values = self.values.index_select(0, index)
+            self._spare = None
+            return
+        if self._spare is None:
+            self._spare = (torch.empty_like(self.keys), torch.empty_like(self.values))
+        new_keys, new_values = self._spare
+        if filled > 0:
+            torch.index_select(self.keys.narrow(2, 0, filled), 0, index,
+                               out=new_keys.narrow(2, 0, filled))  # (B, H, filled, Dh)
+            torch.index_select(self.values.narrow(2, 0, filled), 0, index,
+                               out=new_values.narrow(2, 0, filled))
+        self._spare = (self.keys, self.values)
+        self.keys, self.values = new_keys, new_values
 
 
 class DecoderCache:
@@ -52,24 +83,47 @@ class DecoderCache:
     ``length`` is the number of positions already written; the model advances it after each step.
     Cross-attention keys/values depend only on the source, so they are computed on the first step and
     reused (``cross`` holds one (keys, values) pair per layer once filled).
+
+    ``rows_per_memory`` (G): every G consecutive decoder rows attend to the same memory row (beam
+    search: G = K beams per source). The memory, its padding mask and the cross keys/values then have
+    B / G rows, and cross-attention folds each group's queries into one row of G queries (exact: a
+    cross-attention query never sees the other queries).
     """
 
-    def __init__(self, layers: list[object], max_length: int):
+    def __init__(self, layers: list[object], max_length: int, *, rows_per_memory: int = 1):
+        if not isinstance(rows_per_memory, int) or rows_per_memory < 1:
+            raise ValueError(f"rows_per_memory must be a positive integer, got {rows_per_memory!r}")
         self.self_attention = layers  # one cache per layer, made by that layer's attention kernel
         self.cross: list[tuple[Tensor, Tensor] | None] = [None] * len(layers)
         self.max_length = max_length
+        self.rows_per_memory = rows_per_memory
         self.length = 0
 
     def reorder(self, index: Tensor, *, cross: bool = True) -> None:
         """Select batch rows (beam search): every layer's caches follow ``index`` (B',).
 
         ``cross=False`` leaves the cross-attention keys/values alone: right when ``index`` only moves
-        rows among the beams of the same source, which share them (a copy per step saved).
+        rows among the beams of the same source, which share them (a copy per step saved). With
+        ``rows_per_memory`` > 1 the cross keys/values are per source: use ``select_sources``.
         """
         for cache in self.self_attention:
-            cache.reorder(index)
+            if isinstance(cache, KVCache):
+                cache.reorder(index, filled=self.length)
+            else:
+                cache.reorder(index)
         if not cross:
             return
+        if self.rows_per_memory != 1:
+            raise ValueError("this cache shares cross-attention keys/values among "
+                             f"{self.rows_per_memory} rows; reorder(..., cross=False) and "
+                             "select_sources(...) keep them consistent")
+        self._select_cross(index)
+
+    def select_sources(self, index: Tensor) -> None:
+        """Keep the cross-attention keys/values of sources ``index`` (B' / G,) (sentences leaving)."""
+        self._select_cross(index)
+
+    def _select_cross(self, index: Tensor) -> None:
         self.cross = [None if kv is None else (kv[0].index_select(0, index),
                                                kv[1].index_select(0, index))
                       for kv in self.cross]

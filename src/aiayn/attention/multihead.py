@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from aiayn.attention.cache import DecoderCache
 from aiayn.attention.kernels import AttentionKernel, ReferenceAttention
+from aiayn.inference_linear import linear
 
 
 class MultiHeadAttention(nn.Module):
@@ -57,19 +58,20 @@ class MultiHeadAttention(nn.Module):
     def _project_query_key_value(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if self.fused_projections:
             batch, length, _ = x.shape
-            qkv = self.qkv_proj(x).view(batch, length, 3, self.n_heads, self.head_dim)
+            qkv = linear(self.qkv_proj, x).view(batch, length, 3, self.n_heads, self.head_dim)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, Dh)
             return q, k, v
-        return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        return (self._heads(linear(self.q_proj, x)), self._heads(linear(self.k_proj, x)),
+                self._heads(linear(self.v_proj, x)))
 
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values (B, H, S, Dh) of cross-attention; computed once per source when decoding."""
         if self.fused_projections:
             batch, length, _ = memory.shape
-            kv = self.kv_proj(memory).view(batch, length, 2, self.n_heads, self.head_dim)
+            kv = linear(self.kv_proj, memory).view(batch, length, 2, self.n_heads, self.head_dim)
             k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, H, S, Dh)
             return k, v
-        return self._heads(self.k_proj(memory)), self._heads(self.v_proj(memory))
+        return self._heads(linear(self.k_proj, memory)), self._heads(linear(self.v_proj, memory))
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
                 causal: bool = False, cache: DecoderCache | None = None, layer_index: int = 0,
@@ -90,7 +92,7 @@ class MultiHeadAttention(nn.Module):
         batch, length, _ = x.shape
         dropout = self.dropout if self.training else 0.0
         if self.cross:
-            q = self._heads(self.q_proj(x))  # (B, H, T, Dh)
+            q = self._heads(linear(self.q_proj, x))  # (B, H, T, Dh)
             if cache is not None and cache.cross[layer_index] is not None:
                 k, v = cache.cross[layer_index]
             else:
@@ -108,24 +110,54 @@ class MultiHeadAttention(nn.Module):
                     return self._merge(out, batch, length), None
                 k, v = layer_cache.write(cache.length, k, v)  # (B, H, S, Dh), S = cached + T
                 causal = True
+        group = q.shape[0] // k.shape[0] if self.cross else 1
+        if self.cross and q.shape[0] != group * k.shape[0]:
+            raise ValueError(f"cross-attention from {q.shape[0]} rows to a memory of {k.shape[0]} "
+                             f"rows: the memory rows must divide the query rows")
+        if group > 1:  # G decoder rows share one memory row (DecoderCache.rows_per_memory)
+            q = _fold_groups(q, group)  # (B / G, H, G * T, Dh)
         out = self.kernel(q, k, v, mask=mask, causal=causal, dropout=dropout)
         weights = None
         if need_weights:
             # The weights come from the reference kernel, but the output stays the layer's own kernel's,
             # so collecting attention never changes the model's numbers (the visualiser relies on it).
             weights = ReferenceAttention().with_weights(q, k, v, mask=mask, causal=causal)[1]
+        if group > 1:
+            out = _unfold_groups(out, group)  # (B, H, T, Dh)
+            weights = None if weights is None else _unfold_groups(weights, group)  # (B, H, T, S)
         return self._merge(out, batch, length), weights
 
     def _merge(self, out: Tensor, batch: int, length: int) -> Tensor:
         out = out.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, T, D): concat heads
-        return self.out_proj(out)
+        return linear(self.out_proj, out)
+
+
+def _fold_groups(x: Tensor, group: int) -> Tensor:
+    """(B, H, T, X) -> (B / G, H, G * T, X): the T queries of G consecutive rows as one row's queries.
+
+    Exact for cross-attention, whose queries attend to the memory independently of each other (no
+    causal mask among them); the key-padding mask (B / G, 1, 1, S) broadcasts over the G * T queries.
+    """
+    batch, heads, length, width = x.shape
+    x = x.view(batch // group, group, heads, length, width).transpose(1, 2)  # (B/G, H, G, T, X)
+    return x.reshape(batch // group, heads, group * length, width)  # (B/G, H, G*T, X)
+
+
+def _unfold_groups(x: Tensor, group: int) -> Tensor:
+    """Inverse of ``_fold_groups``: (B / G, H, G * T, X) -> (B, H, T, X)."""
+    sources, heads, grouped, width = x.shape
+    x = x.view(sources, heads, group, grouped // group, width).transpose(1, 2)  # (B/G, G, H, T, X)
+    return x.reshape(sources * group, heads, grouped // group, width)  # (B, H, T, X)
 
 
 def new_decoder_cache(attentions: list[MultiHeadAttention], batch: int, max_length: int, *,
                       device: torch.device | str | None = None,
-                      dtype: torch.dtype | None = None) -> DecoderCache:
-    """A cache for the decoder stack whose self-attention modules are ``attentions`` (one per layer)."""
+                      dtype: torch.dtype | None = None, rows_per_memory: int = 1) -> DecoderCache:
+    """A cache for the decoder stack whose self-attention modules are ``attentions`` (one per layer).
+
+    ``rows_per_memory`` G: every G consecutive rows share one memory row (see ``DecoderCache``).
+    """
     layers = [attention.kernel.new_cache(batch, attention.n_heads, max_length, attention.head_dim,
                                          device=device, dtype=dtype)
               for attention in attentions]
-    return DecoderCache(layers, max_length)
+    return DecoderCache(layers, max_length, rows_per_memory=rows_per_memory)

@@ -55,9 +55,10 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
                                model_max_length=config.max_length)
     steps = int(limits_all.max())
     memory = model.encode(source, source_mask)  # (B, S, D)
-    memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, D)
-    mask = source_mask.repeat_interleave(K, dim=0)  # (B*K, S)
-    cache = model.new_cache(batch * K, steps + 1)
+    mask = source_mask  # (B, S)
+    # The K beams of a sentence share its memory: the cache keeps its cross-attention keys/values
+    # once per sentence (no repeat, no reorder when beams swap).
+    cache = model.new_cache(batch * K, steps + 1, rows_per_memory=K)
     alive = list(range(batch))  # original sentence index of each live batch entry
     limits = limits_all.tolist()
     # Only beam 0 is real at the start; the others would duplicate it.
@@ -125,8 +126,9 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
             rows = rows.view(n, K)[keep].view(-1)
             scores, new_tokens = scores[keep], new_tokens[keep]
             alive = [alive[row] for row in keep_sentences]
-            mask = mask.view(n, K, -1)[keep].view(len(keep_sentences) * K, -1)
-        cache.reorder(rows, cross=len(keep_sentences) < n)  # beams of one source share memory
+            mask = mask[keep]  # (n', S)
+            cache.select_sources(keep)
+        cache.reorder(rows, cross=False)  # self-attention only: cross keys/values are per sentence
         history = torch.cat([history[rows], new_tokens.view(-1, 1)], dim=1)  # (n'*K, t+1)
         tokens = new_tokens.view(-1, 1)  # (n'*K, 1)
     results = []

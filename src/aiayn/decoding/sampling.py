@@ -260,8 +260,17 @@ def _prefill(model: nn.Module, cache, sequence: Tensor, real: Tensor, start: int
     batches, the next position of each row (B, 1)."""
     ids = sequence[:, start:end]  # (B, T)
     if not padded:
-        return model(ids, cache=cache)[:, -1], None
+        return _last_logits(model, ids, cache=cache), None
     mask = real[:, start:end]  # (B, T)
     positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T): 0.. over real tokens
-    logits = model(ids, padding_mask=mask, positions=positions, cache=cache)[:, -1]
+    logits = _last_logits(model, ids, padding_mask=mask, positions=positions, cache=cache)
     return logits, positions[:, -1:] + 1  # (B, 1)
+
+
+def _last_logits(model: nn.Module, ids: Tensor, **kwargs) -> Tensor:
+    """Logits (B, V) of the last position only. A prefill needs no others, and projecting the whole
+    prompt onto the vocabulary costs as much as T decoding steps' projections; a model without
+    ``hidden_states`` / ``lm_head`` (any module generate accepts) runs whole."""
+    if hasattr(model, "hidden_states") and hasattr(model, "lm_head"):
+        return model.lm_head(model.hidden_states(ids, **kwargs)[:, -1])  # (B, D) -> (B, V)
+    return model(ids, **kwargs)[:, -1]

@@ -29,8 +29,31 @@ class OutputProjection(nn.Module):
             nn.init.xavier_uniform_(self.weight)
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if config.output_bias else None
 
+    # Row counts for which the vocabulary-major product is used when no gradient is needed.
+    VOCABULARY_MAJOR_ROWS = range(2, 65)
+
     def forward(self, hidden: Tensor) -> Tensor:
+        rows = hidden.numel() // hidden.shape[-1]
+        if rows in self.VOCABULARY_MAJOR_ROWS and not torch.is_grad_enabled():
+            return self._vocabulary_major(hidden, rows)
         return nn.functional.linear(hidden, self.weight, self.bias)
+
+    def _vocabulary_major(self, hidden: Tensor, rows: int) -> Tensor:
+        """The same logits as W h + b, computed as (W (V, D) @ h^T (D, N))^T.
+
+        Decoding projects a handful of rows (N = batch x beams) onto a large vocabulary. ``linear``
+        multiplies h (N, D) by the transposed (V, D) matrix, and the CPU BLAS then repacks all of W on
+        every call; with W as the left, untransposed operand only the small h^T is packed. Measured
+        (benchmarks/generation.py, 1 thread, V 8192, D 256): 5.7 -> 3.1 ms for N 8, 7.3 -> 5.8 ms for
+        N 16. The result is made contiguous (a copy of N x V, small next to the product) so that callers
+        see the layout ``linear`` gives; values equal ``linear``'s up to summation order.
+        """
+        flat = hidden.reshape(rows, hidden.shape[-1])  # (N, D)
+        if self.bias is None:
+            logits = torch.mm(self.weight, flat.t())  # (V, N)
+        else:
+            logits = torch.addmm(self.bias.unsqueeze(1), self.weight, flat.t())  # (V, N)
+        return logits.t().contiguous().view(*hidden.shape[:-1], -1)  # (..., V)
 
 
 def pool(hidden: Tensor, padding_mask: Tensor | None, how: str) -> Tensor:

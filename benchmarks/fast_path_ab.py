@@ -1,0 +1,159 @@
+"""A/B of aiayn's fast paths against the plain paths they replace, alternating in one process.
+
+Each fast path can be switched off at run time, so "before" and "after" run on the same model, inputs
+and machine state (alternating, medians), with the peer (HF) timed alongside:
+
+- ``beam``: the beam loop of generation.py (shared cross-attention memory, in-place prefix reorder
+  of the KV cache, vocabulary-major output projection) vs the plain loop (memory repeated per beam,
+  cross keys/values reordered, allocating reorder, ``linear`` head); the tokens must be identical;
+- ``greedy``: ``aiayn.decoding.sampling.generate`` (batch 8) with and without the vocabulary-major
+  output projection;
+- ``encoder``: encoder inference with and without the oneDNN linear / fused activation.
+
+    python3 benchmarks/fast_path_ab.py beam greedy encoder --rounds 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+
+import torch
+
+from common import setup
+import generation
+import encoder_inference
+from peers import aiayn_from_hf, hf_marian
+
+from aiayn import inference_linear
+from aiayn.attention.cache import KVCache
+from aiayn.models.heads import OutputProjection
+
+
+@contextlib.contextmanager
+def plain_decoding():
+    """The decode paths as they were before issue 6: allocating reorder, ``linear`` head."""
+    fast_reorder, fast_rows = KVCache.reorder, OutputProjection.VOCABULARY_MAJOR_ROWS
+
+    def allocating_reorder(self, index, *, filled=None):
+        self.keys, self.values = self.keys.index_select(0, index), self.values.index_select(0, index)
+
+    KVCache.reorder, OutputProjection.VOCABULARY_MAJOR_ROWS = allocating_reorder, range(0)
+    try:
+        yield
+    finally:
+        KVCache.reorder, OutputProjection.VOCABULARY_MAJOR_ROWS = fast_reorder, fast_rows
+
+
+@contextlib.contextmanager
+def plain_linear():
+    inference_linear.enabled = False
+    try:
+        yield
+    finally:
+        inference_linear.enabled = inference_linear._LINEAR_POINTWISE is not None
+
+
+@torch.inference_mode()
+def plain_beam_loop(model, src, beams: int, new_tokens: int) -> torch.Tensor:
+    """The beam loop before issue 6: memory repeated per beam, every cache reordered, history copied."""
+    batch, config = src.shape[0], model.config
+    memory = model.encode(src).repeat_interleave(beams, dim=0)  # (B*K, S, D)
+    cache = model.new_cache(batch * beams, new_tokens + 1)
+    tokens = torch.full((batch * beams, 1), config.decoder_start_id, dtype=torch.long)
+    scores = torch.zeros(batch, beams)
+    scores[:, 1:] = float("-inf")
+    history = torch.empty(batch * beams, new_tokens + 1, dtype=torch.long)
+    history[:, 0] = config.decoder_start_id
+    offsets = (torch.arange(batch) * beams)[:, None]  # (B, 1)
+    for step in range(new_tokens):
+        logits = model.decode(tokens, memory if step == 0 else None, cache=cache)[:, -1]
+        log_probs = logits.float().log_softmax(dim=-1)  # (B*K, V)
+        vocab = log_probs.shape[-1]
+        candidates = (scores.view(-1, 1) + log_probs).view(batch, beams * vocab)
+        scores, flat = candidates.topk(beams, dim=-1)  # (B, K)
+        origin = (flat // vocab + offsets).view(-1)
+        tokens = (flat % vocab).view(-1, 1)
+        history = history.index_select(0, origin)
+        history[:, step + 1] = tokens[:, 0]
+        cache.reorder(origin)
+    return history.index_select(0, scores.argmax(dim=-1) + offsets[:, 0])
+
+
+def beam_variants() -> dict:
+    torch.manual_seed(0)
+    hf = hf_marian(d_model=256, layers=3, heads=4, d_ff=1024, vocab=8192, positions=512).eval()
+    model = aiayn_from_hf(hf).eval()
+    src = torch.randint(3, 8192, (generation.BEAM_BATCH, generation.SOURCE))
+    peer = generation.build_beam(["hf"])["hf"]
+
+    def before():
+        with plain_decoding():
+            return plain_beam_loop(model, src, generation.BEAMS, generation.BEAM_NEW)
+
+    def after():
+        return generation.beam_loop(model, src, generation.BEAMS, generation.BEAM_NEW)
+
+    assert torch.equal(before(), after()), "fast and plain beam search disagree"
+    return {"before": before, "after": after, "hf": peer}
+
+
+def greedy_variants(batch: int = 8) -> dict:
+    sides = generation.build_greedy(["aiayn", "hf"], batch)
+
+    def before():
+        with plain_decoding():
+            return sides["aiayn"]()
+
+    assert torch.equal(before(), sides["aiayn"]()), "fast and plain greedy decoding disagree"
+    return {"before": before, "after": sides["aiayn"], "hf": sides["hf"]}
+
+
+def encoder_variants() -> dict:
+    sides = encoder_inference.build_sides(["aiayn", "hf"])
+
+    def before():
+        with plain_linear():
+            return sides["aiayn"]()
+
+    difference = (before() - sides["aiayn"]()).abs().max().item()
+    assert difference < 1e-3, f"fast and plain encoder differ by {difference}"
+    return {"before": before, "after": sides["aiayn"], "hf": sides["hf"]}
+
+
+VARIANTS = {"beam": beam_variants, "greedy": greedy_variants, "encoder": encoder_variants}
+
+
+def measure(variants: dict, rounds: int) -> dict[str, float]:
+    """Median seconds per call of each variant, alternating the order every round."""
+    names = list(variants)
+    for name in names:
+        variants[name]()
+    seconds = {name: [] for name in names}
+    for round_index in range(rounds):
+        for name in names if round_index % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            variants[name]()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("which", nargs="+", choices=sorted(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=8)
+    args = parser.parse_args(argv)
+    setup()
+    for name in args.which:
+        median = measure(VARIANTS[name](), args.rounds)
+        print(f"{name:<8} before {median['before'] * 1e3:8.0f} ms  after {median['after'] * 1e3:8.0f} ms"
+              f"  hf {median['hf'] * 1e3:8.0f} ms  before/after {median['before'] / median['after']:.3f}"
+              f"  hf/after {median['hf'] / median['after']:.3f}  hf/before "
+              f"{median['hf'] / median['before']:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
