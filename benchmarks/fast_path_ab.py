@@ -41,7 +41,7 @@ def plain_decoding():
     def allocating_reorder(self, index, *, filled=None):
         self.keys, self.values = self.keys.index_select(0, index), self.values.index_select(0, index)
 
-    KVCache.reorder, OutputProjection.VOCABULARY_MAJOR_ROWS = allocating_reorder, range(0)
+    KVCache.reorder, OutputProjection.VOCABULARY_MAJOR_ROWS = allocating_reorder, (1, 0)
     try:
         yield
     finally:

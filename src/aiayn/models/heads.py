@@ -29,13 +29,16 @@ class OutputProjection(nn.Module):
             nn.init.xavier_uniform_(self.weight)
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if config.output_bias else None
 
-    # Row counts for which the vocabulary-major product is used when no gradient is needed.
-    VOCABULARY_MAJOR_ROWS = range(2, 65)
+    # Row counts for which the vocabulary-major product is used on CPU when no gradient is needed.
+    VOCABULARY_MAJOR_ROWS = (2, 64)
 
     def forward(self, hidden: Tensor) -> Tensor:
-        rows = hidden.numel() // hidden.shape[-1]
-        if rows in self.VOCABULARY_MAJOR_ROWS and not torch.is_grad_enabled():
-            return self._vocabulary_major(hidden, rows)
+        # Gradient mode first: training (and torch.compile's symbolic shapes) never reach the test.
+        if not torch.is_grad_enabled() and hidden.device.type == "cpu":
+            rows = hidden.numel() // hidden.shape[-1]
+            low, high = self.VOCABULARY_MAJOR_ROWS
+            if low <= rows <= high:
+                return self._vocabulary_major(hidden, rows)
         return nn.functional.linear(hidden, self.weight, self.bias)
 
     def _vocabulary_major(self, hidden: Tensor, rows: int) -> Tensor:
