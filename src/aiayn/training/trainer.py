@@ -253,6 +253,18 @@ def _publish_weights(run_dir: Path, model: nn.Module, source: str, metrics: dict
                               "weights_metrics": metrics})
 
 
+def _fused_optimizer_applies(parameters: list[nn.Parameter]) -> bool:
+    """Whether torch's fused Adam(W) takes these parameters: plain CPU/CUDA floating tensors.
+
+    The fused update is one kernel per step instead of a Python loop over the tensors: the same
+    arithmetic, about 3x faster on CPU for the baby GPT (7.6 -> 2.5 ms of a ~190 ms step). Sharded
+    (FSDP DTensor) parameters keep torch's default implementation.
+    """
+    return bool(parameters) and all(
+        p.device.type in ("cpu", "cuda") and p.is_floating_point() and type(p.data) is torch.Tensor
+        for p in parameters)
+
+
 def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | Path, *,
           model_config: Any = None, resume: bool = True) -> dict[str, float]:
     """Train ``model`` on ``task`` and write the run directory.
@@ -341,7 +353,8 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
         groups = [{"params": [p for p in trainable if p.dim() >= 2]},
                   {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
     optimizer = optimizer_class(groups, lr=config.schedule(1), betas=config.betas,
-                                eps=config.eps, weight_decay=config.weight_decay)
+                                eps=config.eps, weight_decay=config.weight_decay,
+                                fused=_fused_optimizer_applies(trainable) or None)
     scaler = torch.amp.GradScaler(device.type) if config.autocast == "fp16" else None
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.autocast or "")
 
