@@ -137,6 +137,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--eval-every", type=non_negative_int, default=1000)
     group.add_argument("--save-every", type=non_negative_int, default=1000)
     group.add_argument("--log-every", type=positive_int, default=10)
+    group.add_argument("--tensorboard", action="store_true",
+                       help="also log every metric to RUN_DIR/tensorboard (needs the tensorboard "
+                       "package: pip install 'aiayn[tensorboard]'); log.jsonl is always written")
     group.add_argument("--keep-last", type=non_negative_int, default=5, help="checkpoints kept (0: all)")
     group.add_argument("--average-last", type=non_negative_int, default=0,
                        help="average the last K checkpoints at the end (paper 6.1: 5)")
@@ -182,7 +185,7 @@ def training_config_from_args(args: argparse.Namespace, d_model: int):
         seed=args.seed, nonfinite=args.nonfinite, progress=not args.no_progress,
         device=args.device, distributed=args.distributed,
         activation_checkpointing=args.activation_checkpointing, compile=args.compile,
-        time_limit=args.time_limit)
+        time_limit=args.time_limit, tensorboard=args.tensorboard)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ RUN_FILE = "run.json"
 WEIGHTS_FILE = "model.safetensors"
 CHECKPOINT_DIR = "checkpoints"
 LOG_FILE = "log.jsonl"
+TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files, with --tensorboard
 
 
 @dataclass

@@ -35,7 +35,7 @@ from aiayn.training.checkpoint import (
     list_checkpoints, load_weights, optimizer_from_tensors, optimizer_to_tensors, read_checkpoint,
     remove_checkpoint, remove_temporaries, restore_rng, save_weights, write_checkpoint)
 from aiayn.training.run import (
-    CHECKPOINT_DIR, FORMAT_VERSION, LOG_FILE, RUN_FILE, WEIGHTS_FILE, qualified_name,
+    CHECKPOINT_DIR, FORMAT_VERSION, LOG_FILE, RUN_FILE, TENSORBOARD_DIR, WEIGHTS_FILE, qualified_name,
     read_run_info)
 from aiayn.training.schedules import Schedule
 from aiayn.training.task import Task
@@ -78,6 +78,9 @@ class TrainingConfig:
             ``accumulation`` is per rank: the global batch is task batch x accumulation x ranks.
         activation_checkpointing: recompute each layer's activations in the backward pass.
         compile: ``torch.compile`` the model (in place; names and checkpoints are unchanged).
+        tensorboard: also write every logged metric to ``RUN_DIR/tensorboard`` as TensorBoard
+            scalars (tag ``split/metric``; needs the ``tensorboard`` package). ``log.jsonl`` is
+            written either way and stays the record resume relies on.
     """
 
     steps: int = 100_000
@@ -105,6 +108,7 @@ class TrainingConfig:
     distributed: Literal["ddp", "fsdp"] = "ddp"
     activation_checkpointing: bool = False
     compile: bool = False
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.schedule, dict):
@@ -170,11 +174,14 @@ def _is_main_process() -> bool:
 
 
 class _Log:
-    """Append-only JSONL metrics log (rank 0 only)."""
+    """Append-only JSONL metrics log, optionally mirrored to TensorBoard (rank 0 only)."""
 
-    def __init__(self, path: Path, *, resume_step: int | None):
+    def __init__(self, path: Path, *, resume_step: int | None, tensorboard_dir: Path | None = None):
         self.path = path
         self.enabled = _is_main_process()
+        self.writer = None
+        if self.enabled and tensorboard_dir is not None:
+            self.writer = _tensorboard_writer(tensorboard_dir, resume_step)
         if self.enabled and resume_step is not None and path.is_file():
             # A killed run may have logged past its last checkpoint: drop those lines, they will
             # be logged again by the resumed run. Rewritten atomically: a kill now loses nothing.
@@ -190,9 +197,33 @@ class _Log:
             atomic_write_bytes(path, b"")
 
     def write(self, record: dict[str, Any]) -> None:
-        if self.enabled:
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
+        if not self.enabled:
+            return
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            split, step = record.get("split", "train"), record["step"]
+            for key, value in record.items():
+                if key not in ("step", "split") and isinstance(value, (int, float)) \
+                        and not isinstance(value, bool):
+                    self.writer.add_scalar(f"{split}/{key}", value, step)
+            self.writer.flush()  # a killed run keeps what it logged, as log.jsonl does
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _tensorboard_writer(directory: Path, resume_step: int | None):
+    """A ``SummaryWriter`` on ``directory``; on resume, TensorBoard drops the events a killed run
+    wrote after ``resume_step`` (``purge_step``), as ``_Log`` drops those lines of log.jsonl."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as error:
+        raise ValueError("tensorboard logging needs the 'tensorboard' package: "
+                         "pip install 'aiayn[tensorboard]' (or pip install tensorboard)") from error
+    purge = None if resume_step is None else resume_step + 1
+    return SummaryWriter(log_dir=str(directory), purge_step=purge)
 
 
 class _Batches:
@@ -374,7 +405,8 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
             scaler.load_state_dict(meta["scaler"])
         step, epoch, batch_index = meta["step"], meta["epoch"], meta["batch_index"]
         best, skipped, units_total = meta.get("best"), meta.get("skipped", 0), meta.get("units", 0)
-    log = _Log(run_dir / LOG_FILE, resume_step=step if checkpoints else None)
+    log = _Log(run_dir / LOG_FILE, resume_step=step if checkpoints else None,
+               tensorboard_dir=run_dir / TENSORBOARD_DIR if config.tensorboard else None)
     batches = _Batches(task, epoch, batch_index)
 
     def save_checkpoint() -> None:
@@ -558,4 +590,5 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
             _publish_weights(run_dir, final_model, f"final@{step}", metrics)
         _write_run_info(run_dir, {"final_metrics": metrics, "steps_done": step,
                                   "best": best})
+    log.close()
     return {**metrics, "step": step}
