@@ -442,7 +442,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--block-steps", type=int, default=10,
                         help="steps a side runs before the other side's turn")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--test-limit", type=int, default=100,
+    parser.add_argument("--test-limit", type=int, default=0,
                         help="decode only the first N test sentences (0: the whole test split)")
     parser.add_argument("--cross-check", action=argparse.BooleanOptionalAction, default=True,
                         help="also decode each trained model with the other library's decoder")
