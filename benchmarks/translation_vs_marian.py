@@ -8,8 +8,11 @@ trained for the same wall-clock budget each and scored on the same test sentence
 - same architecture and initial weights: the MarianConfig is the interop's export of the aiayn config
   (``aiayn.save_pretrained`` -> ``MarianMTModel.from_pretrained``), the other side is a weight copy,
   and the initial logits of both are compared before training;
-- same training step: Adam, the noam schedule, label smoothing, dropout, clipping and seed of
-  ``aiayn train translation``; the loss is ``label_smoothed_cross_entropy`` on each model's logits;
+- the same training hyper-parameters (Adam 0.9/0.98/1e-9, the noam schedule, label smoothing 0.1,
+  dropout, clipping, seed of ``aiayn train translation``), each library computing them its own way:
+  aiayn ``TranslationTask.loss`` and the aiayn trainer's optimizer (torch's fused Adam), Marian the
+  Hugging Face ``Trainer``'s ``LabelSmoother`` and its default optimizer ``adamw_torch_fused``
+  (weight decay 0: the same update as Adam);
 - same clock: blocks of ``--block-steps`` steps alternate between the sides (ours, peer, peer, ours,
   ...) so machine noise hits both; each side's clock counts only its own steps (batches are built
   once, outside both clocks) and stops at ``--budget-seconds``;
@@ -50,6 +53,7 @@ from aiayn.interop.hf import from_transformers
 from aiayn.models import Transformer
 from aiayn.tasks.translate import score_translations, translate_ids
 from aiayn.training.loss import label_smoothed_cross_entropy
+from aiayn.training.trainer import _fused_optimizer_applies
 
 REPO = BENCH_DIR.parent
 DEFAULT_DATA = REPO / "data" / "ddtp_en_de.tsv.gz"
@@ -159,6 +163,7 @@ class Side:
     logits: Callable[[nn.Module, TranslationBatch], Tensor]
     optimizer: torch.optim.Optimizer
     rng: Tensor  # this side's dropout RNG state, so the two sides do not share one stream
+    training_loss: Callable[..., Tensor]  # (model, batch, smoothing, task) -> mean loss a token
     seconds: float = 0.0
     steps: int = 0
     skipped: int = 0
@@ -167,28 +172,54 @@ class Side:
     losses: list[float] = field(default_factory=list)  # per-step mean training loss
 
     def loss(self, batch: TranslationBatch, smoothing: float) -> Tensor:
-        """Summed label-smoothed loss (paper 5.4), as ``TranslationTask.loss``."""
+        """Summed label-smoothed loss (paper 5.4) with aiayn's loss function: the one measure
+        of both models for validation."""
         logits = self.logits(self.model, batch)  # (B, T, V)
         return label_smoothed_cross_entropy(logits.flatten(0, 1), batch.targets.flatten(),
                                             smoothing=smoothing, ignore_index=PAD_ID)
 
 
+def ours_training_loss(model: Transformer, batch: TranslationBatch, smoothing: float,
+                       task) -> Tensor:
+    """What ``aiayn train translation`` computes: ``TranslationTask.loss`` / target tokens."""
+    return task.loss(model, batch, smoothing=smoothing) / batch.target_tokens
+
+
+def marian_training_loss(model, batch: TranslationBatch, smoothing: float, task) -> Tensor:
+    """What the Hugging Face ``Trainer`` computes with ``label_smoothing_factor``: its
+    ``LabelSmoother`` on the logits, averaged over the target tokens (the same value)."""
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    labels = batch.targets.masked_fill(batch.targets == PAD_ID, -100)  # (B, T)
+    return LabelSmoother(epsilon=smoothing)({"logits": marian_logits(model, batch)}, labels,
+                                            num_items_in_batch=batch.target_tokens)
+
+
 def make_side(name, model, logits, training, seed) -> Side:
-    optimizer_class = torch.optim.AdamW if training.optimizer == "adamw" else torch.optim.Adam
-    optimizer = optimizer_class([p for p in model.parameters() if p.requires_grad],
-                                lr=training.schedule(1), betas=training.betas, eps=training.eps,
-                                weight_decay=training.weight_decay)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    if name == "aiayn":  # the aiayn trainer's optimizer (torch's fused Adam where it applies)
+        optimizer_class = torch.optim.AdamW if training.optimizer == "adamw" else torch.optim.Adam
+        optimizer = optimizer_class(parameters, lr=training.schedule(1), betas=training.betas,
+                                    eps=training.eps, weight_decay=training.weight_decay,
+                                    fused=_fused_optimizer_applies(parameters) or None)
+        training_loss = ours_training_loss
+    else:  # TrainingArguments' default optim "adamw_torch_fused"; weight decay 0 is Adam
+        optimizer = torch.optim.AdamW(parameters, lr=training.schedule(1), betas=training.betas,
+                                      eps=training.eps, weight_decay=training.weight_decay,
+                                      fused=True)
+        training_loss = marian_training_loss
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     rng = torch.random.get_rng_state()
     torch.random.set_rng_state(generator_state)
-    return Side(name, model, logits, optimizer, rng)
+    return Side(name, model, logits, optimizer, rng, training_loss)
 
 
-def train_step(side: Side, batch: TranslationBatch, training, smoothing: float) -> None:
-    """The aiayn trainer's step: loss / target tokens, schedule, clip, skip a non-finite update."""
-    loss = side.loss(batch, smoothing)
-    (loss / batch.target_tokens).backward()
+def train_step(side: Side, batch: TranslationBatch, training, smoothing: float, task) -> None:
+    """One update with each library's own loss and optimizer; the rest as the aiayn trainer does
+    it (schedule, clipping, a non-finite update skipped)."""
+    loss = side.training_loss(side.model, batch, smoothing, task)  # mean over target tokens
+    loss.backward()
     lr = training.schedule(side.steps + 1)
     for group in side.optimizer.param_groups:
         group["lr"] = lr
@@ -202,7 +233,7 @@ def train_step(side: Side, batch: TranslationBatch, training, smoothing: float) 
     side.steps += 1
     side.source_tokens += batch.source_tokens
     side.target_tokens += batch.target_tokens
-    side.losses.append(float(loss.detach()) / batch.target_tokens)
+    side.losses.append(float(loss.detach()))
 
 
 class SharedBatches:
@@ -234,7 +265,7 @@ def train_alternating(sides: list[Side], batches: SharedBatches, training, *, sm
             for _ in range(block_steps):
                 batch = batches[side.steps]
                 start = time.perf_counter()
-                train_step(side, batch, training, smoothing)
+                train_step(side, batch, training, smoothing, batches.task)
                 side.seconds += time.perf_counter() - start
                 if side.seconds >= budget:
                     break

@@ -37,11 +37,31 @@ def label_smoothed_cross_entropy(logits: Tensor, targets: Tensor, *, smoothing: 
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    # log_softmax subtracts the max first: finite for any finite logits, never log(0).
-    log_probs = torch.log_softmax(logits, dim=-1)  # (N, V)
     keep = targets != ignore_index  # (N,)
     safe_targets = targets.masked_fill(~keep, 0)
-    nll = -log_probs.gather(1, safe_targets.unsqueeze(1)).squeeze(1)  # (N,)
+    if logits.device.type != "cpu" or logits.shape[0] == 0:
+        return _reference_loss(logits, safe_targets, keep, smoothing)
+    # On CPU the loss is memory-bound: the reference formula writes several (N, V) tensors
+    # forward and backward. Rows whose log-probabilities are all finite (all but pathological
+    # ones) take a fused path that reads the logits in the forward pass and writes one (N, V)
+    # gradient in the backward pass; the others keep the reference formula. Choosing rows needs
+    # the data on the host, free on CPU, a synchronisation on an accelerator (hence CPU only).
+    with torch.no_grad():
+        log_normaliser = torch.logsumexp(logits, dim=-1)  # (N,)
+        clean = torch.isfinite(logits.amin(dim=-1) - log_normaliser)  # (N,)
+    if bool(clean.all()):
+        return _FusedLabelSmoothedLoss.apply(logits, safe_targets, keep, log_normaliser, smoothing)
+    rows, others = clean.nonzero().squeeze(1), (~clean).nonzero().squeeze(1)
+    return _FusedLabelSmoothedLoss.apply(logits[rows], safe_targets[rows], keep[rows],
+                                         log_normaliser[rows], smoothing) + \
+        _reference_loss(logits[others], safe_targets[others], keep[others], smoothing)
+
+
+def _reference_loss(logits: Tensor, targets: Tensor, keep: Tensor, smoothing: float) -> Tensor:
+    """The formula of the module docstring, written out with autograd (any logits)."""
+    # log_softmax subtracts the max first: finite for any finite logits, never log(0).
+    log_probs = torch.log_softmax(logits, dim=-1)  # (N, V)
+    nll = -log_probs.gather(1, targets.unsqueeze(1)).squeeze(1)  # (N,)
     if smoothing > 0.0:
         # The smoothing mass goes to the tokens that are possible at all: a -inf logit (a token
         # masked out of the vocabulary, or one pushed to log 0 by extreme logits) would otherwise
@@ -51,3 +71,33 @@ def label_smoothed_cross_entropy(logits: Tensor, targets: Tensor, *, smoothing: 
         uniform = -log_probs.masked_fill(impossible, 0.0).sum(dim=-1) / possible  # (N,)
         nll = (1.0 - smoothing) * nll + smoothing * uniform
     return nll.masked_fill(~keep, 0.0).sum()
+
+
+class _FusedLabelSmoothedLoss(torch.autograd.Function):
+    """The same loss for rows whose log-probabilities are all finite (every token possible).
+
+    log p[v] = x[v] - lse, so per row: nll = lse - x[y] and the uniform term is
+    lse - mean_v x[v]; the gradient is (softmax(x) - smoothed target) times the row's weight."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, keep: Tensor, log_normaliser: Tensor,
+                smoothing: float) -> Tensor:
+        nll = log_normaliser - logits.gather(1, targets.unsqueeze(1)).squeeze(1)  # (N,)
+        if smoothing > 0.0:
+            uniform = log_normaliser - logits.mean(dim=-1)  # (N,)
+            nll = (1.0 - smoothing) * nll + smoothing * uniform
+        ctx.save_for_backward(logits, targets, keep, log_normaliser)
+        ctx.smoothing = smoothing
+        return nll.masked_fill(~keep, 0.0).sum()
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        logits, targets, keep, log_normaliser = ctx.saved_tensors
+        smoothing, vocabulary = ctx.smoothing, logits.shape[-1]
+        row_weight = keep.to(logits.dtype) * grad_output  # (N,)
+        grad = torch.sub(logits, log_normaliser.unsqueeze(1)).exp_()  # softmax (N, V)
+        grad.mul_(row_weight.unsqueeze(1))
+        if smoothing > 0.0:
+            grad.sub_((smoothing / vocabulary * row_weight).unsqueeze(1))
+        grad.scatter_add_(1, targets.unsqueeze(1), (-(1.0 - smoothing) * row_weight).unsqueeze(1))
+        return grad, None, None, None, None
