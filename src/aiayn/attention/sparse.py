@@ -41,10 +41,24 @@ from aiayn.attention.linear import key_mask
 SPARSE_PATTERNS = ("local", "strided", "local+strided")
 
 
-def _local_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, window: int, causal: bool
-                ) -> tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]]:
+def _check_options(pattern: str, window: int, stride: int, stride_count: int | None) -> None:
+    if pattern not in SPARSE_PATTERNS:
+        raise ValueError(f"pattern must be one of {list(SPARSE_PATTERNS)}, got {pattern!r}")
+    for name, value in (("window", window), ("stride", stride), ("stride_count", stride_count)):
+        if name == "stride_count" and value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer{' or None' * (name == 'stride_count')}"
+                             f", got {value!r}")
+
+
+def _local_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, window: int, causal: bool,
+                min_distance: int = 0) -> tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]]:
     """Scores (B, H, T, L) and allowed (B|1, H|1, T, L) of the local window, plus a function
-    mapping weights (B, H, T, L) and values (B, H, S, Dh) to the output (B, H, T, Dh)."""
+    mapping weights (B, H, T, L) and values (B, H, S, Dh) to the output (B, H, T, Dh).
+
+    Keys closer than ``min_distance`` are left out (the bounded strided part, which runs this on the
+    stride grid, leaves the rows inside the local window to the local part)."""
     batch, heads, query_length, _ = q.shape
     key_length = k.shape[2]
     offset = key_length - query_length
@@ -67,6 +81,8 @@ def _local_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, window: int, 
     distance = (i + left) - t  # (b, L): query position - key position
     allowed = (distance >= 0) if causal else torch.ones_like(distance, dtype=torch.bool)
     allowed = allowed & (distance.abs() < window)  # (b, L)
+    if min_distance > 0:
+        allowed = allowed & (distance.abs() >= min_distance)
     key_index = (offset + torch.arange(blocks, device=q.device)[:, None] * block
                  + torch.arange(span, device=q.device)[None, :] - left)  # (N, L)
     in_range = (key_index >= 0) & (key_index < key_length)  # (N, L)
@@ -135,9 +151,55 @@ def _strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, stride: int
     return to_queries(scores), to_queries(allowed), output
 
 
+def _bounded_strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, stride: int,
+                          count: int, causal: bool, exclude_window: int
+                          ) -> tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]]:
+    """Scores (B, H, T, L) and allowed (B, H, T, L) of the strided keys at most ``count`` strides away,
+    plus the output map.
+
+    On the grid of ``stride`` columns (p = row * stride + column) a query's strided keys are the keys of
+    its own column, and bounding them to ``count`` strides makes them a local window of ``count + 1``
+    rows along that column: ``_local_part`` on the transposed grid, the columns folded into the heads
+    (B, H * l, rows, Dh). Cost O(T * count); no (Aq, Ak) matrix is formed. Keys closer than
+    ``exclude_window`` to the query are left out (the local part has them)."""
+    batch, heads, query_length, dim = q.shape
+    key_length = k.shape[2]
+    front = (key_length - query_length) % stride  # the query grid starts at column `front`
+    query_rows = -(-(front + query_length) // stride)  # Aq; the last query row is the last key row
+
+    def grid(x: Tensor, before: int) -> Tensor:  # (B, H, n, X) -> (B, H * l, rows, X)
+        length = x.shape[2]
+        rows = -(-(before + length) // stride)
+        x = F.pad(x, (0, 0, before, rows * stride - before - length),
+                  value=False if x.dtype == torch.bool else 0.0)  # (B, H, rows * l, X)
+        x = x.view(*x.shape[:2], rows, stride, x.shape[-1]).transpose(2, 3)  # (B, H, l, rows, X)
+        return x.reshape(x.shape[0], x.shape[1] * stride, rows, x.shape[-1])
+
+    def to_queries(x: Tensor) -> Tensor:  # (B, H * l, Aq, X) -> (B, H, T, X)
+        x = x.view(x.shape[0], -1, stride, query_rows, x.shape[-1]).transpose(2, 3)  # (B, H, Aq, l, X)
+        x = x.reshape(x.shape[0], x.shape[1], query_rows * stride, x.shape[-1])
+        return x[:, :, front:front + query_length]
+
+    # Key mask on the grid, per head (the columns become heads): the grid's padding after the last
+    # key is not a key.
+    if keys_allowed is None:
+        keys_allowed = torch.ones(1, 1, key_length, dtype=torch.bool, device=q.device)
+    keys_allowed = keys_allowed.expand(keys_allowed.shape[0], heads, key_length)  # (B|1, H, S)
+    allowed_grid = grid(keys_allowed[..., None], 0)[..., 0]  # (B|1, H * l, Ak)
+    # Strided keys closer than exclude_window are those less than ceil(exclude_window / l) rows away.
+    scores, allowed, output = _local_part(grid(q, front), grid(k, 0), allowed_grid, count + 1, causal,
+                                          min_distance=-(-exclude_window // stride))
+
+    def output_map(weights: Tensor, v: Tensor) -> Tensor:
+        weights = grid(weights, front)  # (B, H * l, Aq, L)
+        return to_queries(output(weights, grid(v, 0)))  # (B, H, T, Dh)
+
+    return to_queries(scores), to_queries(allowed), output_map
+
+
 def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                      causal: bool = False, dropout: float = 0.0, *, pattern: str = "local+strided",
-                     window: int = 128, stride: int = 128) -> Tensor:
+                     window: int = 128, stride: int = 128, stride_count: int | None = None) -> Tensor:
     """Block-sparse attention (B, H, T, Dh); see the module docstring for the patterns.
 
     Args:
@@ -148,15 +210,13 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
         pattern: 'local', 'strided' or 'local+strided'.
         window: keys within this distance (exclusive) are local.
         stride: strided keys are a multiple of ``stride`` away.
+        stride_count: strided keys at most ``stride_count * stride`` away (back, and forward when not
+            causal): a dilated sliding window, linear in n; None: all of them (Child et al.).
 
     Raises:
-        ValueError: bad pattern/window/stride, a per-query mask, or T > S.
+        ValueError: bad pattern/window/stride/stride_count, a per-query mask, or T > S.
     """
-    if pattern not in SPARSE_PATTERNS:
-        raise ValueError(f"pattern must be one of {list(SPARSE_PATTERNS)}, got {pattern!r}")
-    for name, value in (("window", window), ("stride", stride)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    _check_options(pattern, window, stride, stride_count)
     batch, heads, query_length, dim = q.shape
     key_length = k.shape[2]
     if query_length > key_length:
@@ -170,7 +230,13 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
         parts.append(_local_part(q, k, keys_allowed, window, causal))
     if pattern in ("strided", "local+strided"):
         exclude = window if pattern == "local+strided" else 0
-        parts.append(_strided_part(q, k, keys_allowed, stride, causal, exclude))
+        if stride_count is None or stride_count * stride >= key_length - 1:
+            # Every strided key is within reach: the unbounded pattern, and its (Aq, Ak) grid is no
+            # larger than the bounded one's (Aq, count + 1 + block) windows.
+            parts.append(_strided_part(q, k, keys_allowed, stride, causal, exclude))
+        else:
+            parts.append(_bounded_strided_part(q, k, keys_allowed, stride, stride_count, causal,
+                                               exclude))
     scores = torch.cat([part[0] for part in parts], dim=-1) / math.sqrt(dim)  # (B, H, T, L + Ak)
     mask_batch = max(part[1].shape[0] for part in parts)
     mask_heads = max(part[1].shape[1] for part in parts)
@@ -193,27 +259,35 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
 class SparseAttention(AttentionKernel):
     """Sparse attention of Child et al. 2019 (``attention="sparse"``).
 
-    Decoding uses the static KV cache and scores only the new queries' allowed keys.
+    Decoding uses the static KV cache (the default ``decode``): the new queries attend, right-aligned
+    and causally, over the cached keys through the same block-sparse forward. Per new token the local
+    part scores ``window`` keys and the strided part one grid row per column: S keys when unbounded,
+    ``stride * (stride_count + 1)`` when bounded (constant in the length).
 
     Args:
         pattern: 'local', 'strided' or 'local+strided' (``config.attention_pattern``).
         window: local window (``config.attention_window``).
         stride: stride of the strided pattern (``config.attention_stride``).
+        stride_count: strided keys at most this many strides away, or None for all of them
+            (``config.attention_stride_count``).
+
+    Raises:
+        ValueError: a bad pattern, window, stride or stride_count.
     """
 
-    def __init__(self, pattern: str = "local+strided", window: int = 128, stride: int = 128):
+    def __init__(self, pattern: str = "local+strided", window: int = 128, stride: int = 128,
+                 stride_count: int | None = None):
         super().__init__()
-        if pattern not in SPARSE_PATTERNS:
-            raise ValueError(f"pattern must be one of {list(SPARSE_PATTERNS)}, got {pattern!r}")
-        for name, value in (("window", window), ("stride", stride)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _check_options(pattern, window, stride, stride_count)
         self.pattern, self.window, self.stride = pattern, window, stride
+        self.stride_count = stride_count
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0) -> Tensor:
         return sparse_attention(q, k, v, mask=mask, causal=causal, dropout=dropout,
-                                pattern=self.pattern, window=self.window, stride=self.stride)
+                                pattern=self.pattern, window=self.window, stride=self.stride,
+                                stride_count=self.stride_count)
 
     def extra_repr(self) -> str:
-        return f"pattern={self.pattern!r}, window={self.window}, stride={self.stride}"
+        return (f"pattern={self.pattern!r}, window={self.window}, stride={self.stride}, "
+                f"stride_count={self.stride_count}")
