@@ -7,6 +7,11 @@ Patterns (query at position p, key at position j; causal additionally needs j <=
     strided         (p - j) mod stride == 0          (their A^(2))
     local+strided   the union, in one softmax        (one head attending both, their "merged" form)
 
+With ``stride_count`` = c the strided keys are bounded to |p - j| <= c * stride: c keys back (and c
+forward when not causal) plus the query's own position, a dilated sliding window (Beltagy et al. 2020,
+Longformer). Child's unbounded strided pattern gives each query n / stride keys, so for a fixed stride
+it costs O(n^2 / stride) whatever the implementation; the bounded one costs O(n * c).
+
 How the pairs are gathered without a (T, S) matrix:
 
 * local: queries are cut into blocks of b = min(window, T); block n needs only the keys within the
@@ -16,6 +21,12 @@ How the pairs are gathered without a (T, S) matrix:
   keys of a query are exactly the keys of its column, so scores are (B, H, stride, T/stride, S/stride):
   O(T * S / stride). For a fixed stride this part grows as n^2 / stride; Child et al. choose
   stride ~ sqrt(n) to make it O(n sqrt n). With the pattern 'local' the cost is O(n * window).
+* bounded strided (``stride_count`` = c): on the same grid the keys of a query are the keys of its
+  column at most c rows away, i.e. a local window of c + 1 rows along the column, so the local
+  machinery runs on the transposed grid with the columns folded into the heads: scores
+  (B, H * stride, Aq / b, b, b + c [+ c when not causal]) with b = min(c + 1, Aq) rows per block,
+  O(T * c), never (Aq, Ak). When c * stride >= S - 1
+  every strided key is within reach and the unbounded grid (no larger) is used: the same pattern.
 
 Scores of both parts are concatenated per query and normalised by one softmax; in 'local+strided' the
 strided keys already inside the window are dropped so no key counts twice. Queries are right-aligned
