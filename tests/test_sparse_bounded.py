@@ -56,10 +56,11 @@ def _assert_same(got, expected, tolerance=1e-10):
 CASES = [pytest.param(13, 13, False, id="bidirectional"), pytest.param(17, 17, True, id="causal"),
          pytest.param(5, 17, True, id="causal-5-of-17"), pytest.param(1, 13, True, id="causal-1-query"),
          pytest.param(5, 13, False, id="bidirectional-5-of-13")]
-# (pattern, window, stride, count): every count * stride < S - 1, so the bounded path runs.
+# (pattern, window, stride, count): every count * stride < S - 1, so the bounded path runs; with more
+# queries than the stride on the stride grid, with at most ``stride`` queries by gathering (decoding).
 PATTERNS = [("strided", 1, 3, 1), ("strided", 1, 2, 3), ("local+strided", 3, 4, 1),
             ("local+strided", 5, 3, 2), ("local+strided", 4, 4, 2), ("local+strided", 2, 2, 4),
-            ("local", 3, 2, 1)]
+            ("local", 3, 2, 1), ("strided", 1, 5, 2), ("local+strided", 2, 6, 1)]
 
 
 @pytest.mark.parametrize("query_length, key_length, causal", CASES)
@@ -136,6 +137,23 @@ def test_cached_decoding_token_by_token_equals_the_full_forward(pattern):
         steps.append(kernel.decode(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], cache, t,
                                    mask=padding[..., :t + 1]))
     torch.testing.assert_close(torch.cat(steps, dim=2), full, atol=1e-12, rtol=1e-12)
+
+
+def test_a_decoded_token_scores_only_its_window_and_its_strided_keys():
+    captured = []
+    original = torch.Tensor.softmax
+
+    def spy(self, *args, **kwargs):
+        captured.append(tuple(self.shape))
+        return original(self, *args, **kwargs)
+
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1000, 8)
+    torch.Tensor.softmax = spy
+    try:
+        sparse_attention(q, k, k, causal=True, window=16, stride=32, stride_count=4)
+    finally:
+        torch.Tensor.softmax = original
+    assert captured == [(1, 2, 1, 16 + 4 + 1)]  # the window; 0..4 strides back (0 masked: local)
 
 
 class _LargestTensor(TorchDispatchMode):

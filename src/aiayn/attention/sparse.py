@@ -25,7 +25,9 @@ How the pairs are gathered without a (T, S) matrix:
   column at most c rows away, i.e. a local window of c + 1 rows along the column, so the local
   machinery runs on the transposed grid with the columns folded into the heads: scores
   (B, H * stride, Aq / b, b, b + c [+ c when not causal]) with b = min(c + 1, Aq) rows per block,
-  O(T * c), never (Aq, Ak). When c * stride >= S - 1
+  O(T * c), never (Aq, Ak). With at most ``stride`` queries (decoding) the grid would be mostly
+  padding, so each query's c + 1 (causal) or 2c + 1 strided keys are gathered by index instead:
+  (B, H, T, c + 1, Dh). When c * stride >= S - 1
   every strided key is within reach and the unbounded grid (no larger) is used: the same pattern.
 
 Scores of both parts are concatenated per query and normalised by one softmax; in 'local+strided' the
@@ -208,6 +210,30 @@ def _bounded_strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, str
     return to_queries(scores), to_queries(allowed), output_map
 
 
+def _gathered_strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, stride: int,
+                           count: int, causal: bool, exclude_window: int
+                           ) -> tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]]:
+    """The bounded strided part for a few queries (decoding): each query's M = count + 1 (causal) or
+    2 count + 1 keys are gathered by index, (B, H, T, M, Dh). The grid form would score a whole grid row
+    per column, ``stride`` times more than one new token needs."""
+    query_length, key_length = q.shape[2], k.shape[2]
+    steps = torch.arange(0 if causal else -count, count + 1, device=q.device)  # (M,) strides back
+    position = torch.arange(key_length - query_length, key_length, device=q.device)[:, None]
+    key_index = position - steps * stride  # (T, M)
+    allowed = (key_index >= 0) & (key_index < key_length)
+    allowed = allowed & ((steps * stride).abs() >= exclude_window)  # (T, M)
+    key_index = key_index.clamp(0, key_length - 1)
+    allowed = allowed[None, None]  # (1, 1, T, M)
+    if keys_allowed is not None:
+        allowed = allowed & keys_allowed[..., key_index]  # (B|1, H|1, T, M)
+    scores = (q[..., None, :] @ k[:, :, key_index].transpose(-2, -1))[..., 0, :]  # (B, H, T, M)
+
+    def output(weights: Tensor, v: Tensor) -> Tensor:  # (B, H, T, M) -> (B, H, T, Dh)
+        return (weights[..., None, :] @ v[:, :, key_index])[..., 0, :]
+
+    return scores, allowed, output
+
+
 def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                      causal: bool = False, dropout: float = 0.0, *, pattern: str = "local+strided",
                      window: int = 128, stride: int = 128, stride_count: int | None = None) -> Tensor:
@@ -245,6 +271,9 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
             # Every strided key is within reach: the unbounded pattern, and its (Aq, Ak) grid is no
             # larger than the bounded one's (Aq, count + 1 + block) windows.
             parts.append(_strided_part(q, k, keys_allowed, stride, causal, exclude))
+        elif query_length <= stride:  # decoding: fewer queries than grid columns
+            parts.append(_gathered_strided_part(q, k, keys_allowed, stride, stride_count, causal,
+                                                exclude))
         else:
             parts.append(_bounded_strided_part(q, k, keys_allowed, stride, stride_count, causal,
                                                exclude))
@@ -272,8 +301,8 @@ class SparseAttention(AttentionKernel):
 
     Decoding uses the static KV cache (the default ``decode``): the new queries attend, right-aligned
     and causally, over the cached keys through the same block-sparse forward. Per new token the local
-    part scores ``window`` keys and the strided part one grid row per column: S keys when unbounded,
-    ``stride * (stride_count + 1)`` when bounded (constant in the length).
+    part scores ``window`` keys and the strided part one grid row per column (S keys) when unbounded,
+    its ``stride_count + 1`` keys, gathered by index, when bounded (constant in the length).
 
     Args:
         pattern: 'local', 'strided' or 'local+strided' (``config.attention_pattern``).
