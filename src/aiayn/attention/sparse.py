@@ -66,16 +66,21 @@ def _check_options(pattern: str, window: int, stride: int, stride_count: int | N
 
 
 def _local_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, window: int, causal: bool,
-                min_distance: int = 0) -> tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]]:
+                min_distance: int = 0, block_views: bool = False, block: int | None = None
+                ) -> tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]]:
     """Scores (B, H, T, L) and allowed (B|1, H|1, T, L) of the local window, plus a function
     mapping weights (B, H, T, L) and values (B, H, S, Dh) to the output (B, H, T, Dh).
 
     Keys closer than ``min_distance`` are left out (the bounded strided part, which runs this on the
-    stride grid, leaves the rows inside the local window to the local part)."""
+    stride grid, leaves the rows inside the local window to the local part). ``block_views`` builds
+    the key slices by concatenating P whole key blocks instead of ``unfold``: the same values, and a
+    backward of slices and adds instead of ``unfold_backward``'s scatter (several times slower on CPU
+    for the bounded strided part's many short slices). ``block``: queries per block (default: the
+    window)."""
     batch, heads, query_length, _ = q.shape
     key_length = k.shape[2]
     offset = key_length - query_length
-    block = min(window, query_length)
+    block = min(block or window, query_length)
     blocks = -(-query_length // block)
     left, right = window - 1, 0 if causal else window - 1
     span = block + left + right  # L: keys any query of a block may see
@@ -83,9 +88,16 @@ def _local_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, window: int, 
     q_blocks = F.pad(q, (0, 0, 0, blocks * block - query_length)).view(
         batch, heads, blocks, block, -1)  # (B, H, N, b, Dh)
 
+    parts = -(-span // block)  # P: whole blocks covering one key slice
+
     def windows(x: Tensor) -> Tensor:  # (B, H, S, Dh) -> (B, H, N, L, Dh), block n's key slice
-        padded = F.pad(x, (0, 0, left, tail))[:, :, offset:]  # (B, H, N*b + left + right, Dh)
-        return padded.unfold(2, span, block).transpose(-2, -1)  # (B, H, N, L, Dh)
+        if not block_views:
+            padded = F.pad(x, (0, 0, left, tail))[:, :, offset:]  # (B, H, N*b + left + right, Dh)
+            return padded.unfold(2, span, block).transpose(-2, -1)  # (B, H, N, L, Dh)
+        padded = F.pad(x, (0, 0, left, tail + parts * block - span))[:, :, offset:]
+        padded = padded.view(*x.shape[:2], blocks + parts - 1, block, -1)  # (B, H, N + P - 1, b, Dh)
+        slices = torch.cat([padded[:, :, j:j + blocks] for j in range(parts)], dim=3)  # (.., N, P*b, Dh)
+        return slices if parts * block == span else slices[:, :, :, :span]  # (B, H, N, L, Dh)
 
     scores = q_blocks @ windows(k).transpose(-2, -1)  # (B, H, N, b, L)
     # Position arithmetic: query (n, i) sits at offset + n*b + i, key (n, t) at offset + n*b + t - left.
@@ -183,8 +195,9 @@ def _bounded_strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, str
     def grid(x: Tensor, before: int) -> Tensor:  # (B, H, n, X) -> (B, H * l, rows, X)
         length = x.shape[2]
         rows = -(-(before + length) // stride)
-        x = F.pad(x, (0, 0, before, rows * stride - before - length),
-                  value=False if x.dtype == torch.bool else 0.0)  # (B, H, rows * l, X)
+        if before or rows * stride > length:  # F.pad copies even when there is nothing to pad
+            x = F.pad(x, (0, 0, before, rows * stride - before - length),
+                      value=False if x.dtype == torch.bool else 0.0)  # (B, H, rows * l, X)
         x = x.view(*x.shape[:2], rows, stride, x.shape[-1]).transpose(2, 3)  # (B, H, l, rows, X)
         return x.reshape(x.shape[0], x.shape[1] * stride, rows, x.shape[-1])
 
@@ -200,8 +213,11 @@ def _bounded_strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, str
     keys_allowed = keys_allowed.expand(keys_allowed.shape[0], heads, key_length)  # (B|1, H, S)
     allowed_grid = grid(keys_allowed[..., None], 0)[..., 0]  # (B|1, H * l, Ak)
     # Strided keys closer than exclude_window are those less than ceil(exclude_window / l) rows away.
+    # Blocks of `count` rows: a block's key slice (count + count [+ count] rows) is exactly 2 (3) whole
+    # blocks, so no slice is cut and no block padded when count divides the rows.
     scores, allowed, output = _local_part(grid(q, front), grid(k, 0), allowed_grid, count + 1, causal,
-                                          min_distance=-(-exclude_window // stride))
+                                          min_distance=-(-exclude_window // stride), block_views=True,
+                                          block=count)
 
     def output_map(weights: Tensor, v: Tensor) -> Tensor:
         weights = grid(weights, front)  # (B, H * l, Aq, L)
