@@ -17,9 +17,10 @@ KERNEL_CONFIGS = {
     # window and stride far below the sequence length, so the pattern really is sparse
     "sparse": dict(attention="sparse", attention_window=3, attention_stride=4),
     "sparse-local": dict(attention="sparse", attention_window=3, attention_pattern="local"),
-    # strided keys at most 2 strides (4 positions) back: bounded on these 10-14 token sequences
-    "sparse-bounded": dict(attention="sparse", attention_window=3, attention_stride=2,
-                           attention_stride_count=2),
+    # strided keys at most 1 stride (3 positions) back: bounded on these 10-14 token sequences (the
+    # 14-token LM's columns of 5 rows take the row windows, the shorter ones the masked column grid)
+    "sparse-bounded": dict(attention="sparse", attention_window=2, attention_stride=3,
+                           attention_stride_count=1),
 }
 
 

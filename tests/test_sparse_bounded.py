@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from aiayn import TransformerConfig
 from aiayn.attention.kernels import ReferenceAttention, make_kernel
+from aiayn.attention import sparse
 from aiayn.attention.sparse import SparseAttention, sparse_attention
 
 B, H, DH = 2, 3, 8
@@ -56,11 +57,20 @@ def _assert_same(got, expected, tolerance=1e-10):
 CASES = [pytest.param(13, 13, False, id="bidirectional"), pytest.param(17, 17, True, id="causal"),
          pytest.param(5, 17, True, id="causal-5-of-17"), pytest.param(1, 13, True, id="causal-1-query"),
          pytest.param(5, 13, False, id="bidirectional-5-of-13")]
-# (pattern, window, stride, count): every count * stride < S - 1, so the bounded path runs; with more
-# queries than the stride on the stride grid, with at most ``stride`` queries by gathering (decoding).
+# (pattern, window, stride, count): every count * stride < S - 1, so a bounded path runs: with more
+# queries than the stride the row windows or the masked column grid (``layout``), with at most
+# ``stride`` queries by gathering (decoding).
 PATTERNS = [("strided", 1, 3, 1), ("strided", 1, 2, 3), ("local+strided", 3, 4, 1),
             ("local+strided", 5, 3, 2), ("local+strided", 4, 4, 2), ("local+strided", 2, 2, 4),
             ("local", 3, 2, 1), ("strided", 1, 5, 2), ("local+strided", 2, 6, 1)]
+
+
+@pytest.fixture(params=["row-windows", "column-grid"])
+def layout(request, monkeypatch):
+    """Forces one of the two layouts of the bounded strided keys (chosen by column length)."""
+    monkeypatch.setattr(sparse, "COLUMN_GRID_ROWS_PER_COUNT", 0 if request.param == "row-windows"
+                        else 10 ** 6)
+    return request.param
 
 
 @pytest.mark.parametrize("query_length, key_length, causal", CASES)
@@ -68,7 +78,7 @@ PATTERNS = [("strided", 1, 3, 1), ("strided", 1, 2, 3), ("local+strided", 3, 4, 
 @pytest.mark.parametrize("padded", [False, True], ids=["no-mask", "padding"])
 def test_bounded_sparse_equals_reference_under_the_pattern_mask(query_length, key_length, causal,
                                                                 pattern, window, stride, count,
-                                                                padded):
+                                                                padded, layout):
     q, k, v = _inputs(query_length, key_length)
     padding = _padding(key_length) if padded else None
     dense = _pattern_mask(pattern, window, stride, count, query_length, key_length, causal)
@@ -77,7 +87,7 @@ def test_bounded_sparse_equals_reference_under_the_pattern_mask(query_length, ke
     _assert_same(_run(kernel, q, k, v, mask=padding, causal=causal), expected)
 
 
-def test_bounded_sparse_in_float32():
+def test_bounded_sparse_in_float32(layout):
     q, k, v = _inputs(17, 17, dtype=torch.float32)
     dense = _pattern_mask("local+strided", 3, 4, 2, 17, 17, True)
     _assert_same(_run(SparseAttention("local+strided", 3, 4, 2), q, k, v, causal=True),
@@ -126,7 +136,7 @@ def test_dropout_acts_on_the_bounded_weights():
 
 
 @pytest.mark.parametrize("pattern", ["strided", "local+strided"])
-def test_cached_decoding_token_by_token_equals_the_full_forward(pattern):
+def test_cached_decoding_token_by_token_equals_the_full_forward(pattern, layout):
     q, k, v = _inputs(19, 19)
     padding = _padding(19)
     kernel = SparseAttention(pattern, window=3, stride=3, stride_count=2)

@@ -23,12 +23,12 @@ How the pairs are gathered without a (T, S) matrix:
   stride ~ sqrt(n) to make it O(n sqrt n). With the pattern 'local' the cost is O(n * window).
 * bounded strided (``stride_count`` = c): on the same grid the keys of a query are the keys of its
   column at most c rows away, i.e. a local window of c + 1 rows along the column, so the local
-  machinery runs on the transposed grid with the columns folded into the heads: scores
-  (B, H * stride, Aq / b, b, b + c [+ c when not causal]) with b = min(c + 1, Aq) rows per block,
-  O(T * c), never (Aq, Ak). With at most ``stride`` queries (decoding) the grid would be mostly
-  padding, so each query's c + 1 (causal) or 2c + 1 strided keys are gathered by index instead:
-  (B, H, T, c + 1, Dh). When c * stride >= S - 1
-  every strided key is within reach and the unbounded grid (no larger) is used: the same pattern.
+  machinery runs on the transposed grid with the columns folded into the heads, in blocks of c rows:
+  scores (B, H * stride, Aq / c, c, 2c [3c when not causal]), O(T * c), never (Aq, Ak). Columns of
+  at most ``COLUMN_GRID_ROWS_PER_COUNT`` * c rows are cheaper scored whole (the (Aq, Ak) grid above,
+  masked to the reach: still at most 4c scores per query). With at most ``stride`` queries (decoding)
+  each query's c + 1 (causal) or 2c + 1 strided keys are gathered by index: (B, H, T, c + 1, Dh).
+  When c * stride >= S - 1 every strided key is within reach: the unbounded path, the same pattern.
 
 Scores of both parts are concatenated per query and normalised by one softmax; in 'local+strided' the
 strided keys already inside the window are dropped so no key counts twice. Queries are right-aligned
@@ -52,6 +52,11 @@ from aiayn.attention.kernels import AttentionKernel
 from aiayn.attention.linear import key_mask
 
 SPARSE_PATTERNS = ("local", "strided", "local+strided")
+# Bounded strided keys are scored by row windows along the grid's columns (2-3 x count scores per
+# query, many small matmuls plus layout copies) once a column has more than this many times count
+# rows; shorter columns are cheaper scored whole (the unbounded (Aq, Ak) grid, masked to the reach).
+# On CPU (window = stride = 128, count 16) the two were about even at 4 x count rows (n = 8k).
+COLUMN_GRID_ROWS_PER_COUNT = 4
 
 
 def _check_options(pattern: str, window: int, stride: int, stride_count: int | None) -> None:
@@ -129,10 +134,12 @@ def _local_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, window: int, 
 
 
 def _strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, stride: int, causal: bool,
-                  exclude_window: int) -> tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]]:
+                  exclude_window: int, reach: int | None = None
+                  ) -> tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]]:
     """Scores (B, H, T, Ak) and allowed (B|1, H|1, T, Ak) of the strided keys, plus the output map.
 
-    Keys closer than ``exclude_window`` to the query are left out (the local part has them)."""
+    Keys closer than ``exclude_window`` to the query are left out (the local part has them), keys
+    farther than ``reach`` too (None: no bound)."""
     batch, heads, query_length, dim = q.shape
     key_length = k.shape[2]
     offset = key_length - query_length
@@ -158,6 +165,8 @@ def _strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, stride: int
     distance = (rows - torch.arange(key_rows, device=q.device)[None, :]) * stride  # (Aq, Ak)
     allowed = distance >= 0 if causal else torch.ones_like(distance, dtype=torch.bool)
     allowed = allowed & (distance.abs() >= exclude_window)  # (Aq, Ak)
+    if reach is not None:
+        allowed = allowed & (distance.abs() <= reach)
     column = torch.arange(stride, device=q.device)[:, None]
     in_range = (torch.arange(key_rows, device=q.device)[None, :] * stride + column) < key_length
     allowed = allowed[None] & in_range[:, None, :]  # (l, Aq, Ak)
@@ -290,6 +299,11 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
         elif query_length <= stride:  # decoding: fewer queries than grid columns
             parts.append(_gathered_strided_part(q, k, keys_allowed, stride, stride_count, causal,
                                                 exclude))
+        elif -(-key_length // stride) <= COLUMN_GRID_ROWS_PER_COUNT * stride_count:
+            # Short columns: whole columns in a few large matmuls, the rows beyond reach masked, cost
+            # at most T * COLUMN_GRID_ROWS_PER_COUNT * count.
+            parts.append(_strided_part(q, k, keys_allowed, stride, causal, exclude,
+                                       reach=stride_count * stride))
         else:
             parts.append(_bounded_strided_part(q, k, keys_allowed, stride, stride_count, causal,
                                                exclude))
