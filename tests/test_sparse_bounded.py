@@ -226,3 +226,12 @@ def test_bad_bounds_are_refused_naming_the_field(value):
     q = torch.zeros(1, 1, 4, 2)
     with pytest.raises(ValueError, match="stride_count must be a positive integer or None"):
         sparse_attention(q, q, q, stride_count=value)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_per_head_key_masks(causal, layout):
+    q, k, v = _inputs(17, 17)
+    mask = torch.rand(B, H, 1, 17, generator=torch.Generator().manual_seed(3)) > 0.3  # (B, H, 1, S)
+    dense = _pattern_mask("local+strided", 3, 4, 2, 17, 17, causal)
+    _assert_same(_run(SparseAttention("local+strided", 3, 4, 2), q, k, v, mask=mask, causal=causal),
+                 _run(ReferenceAttention(), q, k, v, mask=dense & mask))

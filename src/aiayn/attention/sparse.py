@@ -188,16 +188,15 @@ def _strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, stride: int
 def _bounded_strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, stride: int,
                           count: int, causal: bool, exclude_window: int
                           ) -> tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]]:
-    """Scores (B, H, T, L) and allowed (B, H, T, L) of the strided keys at most ``count`` strides away,
-    plus the output map.
+    """Scores (B, H, T, L) and allowed (B|1, H|1, T, L) of the strided keys at most ``count`` strides
+    away, plus the output map.
 
     On the grid of ``stride`` columns (p = row * stride + column) a query's strided keys are the keys of
     its own column, and bounding them to ``count`` strides makes them a local window of ``count + 1``
     rows along that column: ``_local_part`` on the transposed grid, the columns folded into the heads
     (B, H * l, rows, Dh). Cost O(T * count); no (Aq, Ak) matrix is formed. Keys closer than
     ``exclude_window`` to the query are left out (the local part has them)."""
-    batch, heads, query_length, dim = q.shape
-    key_length = k.shape[2]
+    query_length, key_length = q.shape[2], k.shape[2]
     front = (key_length - query_length) % stride  # the query grid starts at column `front`
     query_rows = -(-(front + query_length) // stride)  # Aq; the last query row is the last key row
 
@@ -215,12 +214,12 @@ def _bounded_strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, str
         x = x.reshape(x.shape[0], x.shape[1], query_rows * stride, x.shape[-1])
         return x[:, :, front:front + query_length]
 
-    # Key mask on the grid, per head (the columns become heads): the grid's padding after the last
-    # key is not a key.
+    # Key mask on the grid (the grid's padding after the last key is not a key). Its columns fold
+    # into its own head dim: (B|1, H|1 * l, Ak); a mask without heads stays without them, so the
+    # allowed pattern comes back as (B|1, 1, T, L) and is never materialised per head.
     if keys_allowed is None:
         keys_allowed = torch.ones(1, 1, key_length, dtype=torch.bool, device=q.device)
-    keys_allowed = keys_allowed.expand(keys_allowed.shape[0], heads, key_length)  # (B|1, H, S)
-    allowed_grid = grid(keys_allowed[..., None], 0)[..., 0]  # (B|1, H * l, Ak)
+    allowed_grid = grid(keys_allowed[..., None], 0)[..., 0]  # (B|1, H|1 * l, Ak)
     # Strided keys closer than exclude_window are those less than ceil(exclude_window / l) rows away.
     # Blocks of `count` rows: a block's key slice (count + count [+ count] rows) is exactly 2 (3) whole
     # blocks, so no slice is cut and no block padded when count divides the rows.
