@@ -196,7 +196,7 @@ def test_bounded_kernel_never_forms_a_quadratic_tensor(causal):
     grid = n * n // stride  # l * Aq * Ak scores of the unbounded strided part
     assert sizes[None] >= grid  # the spy sees the unbounded kernel's quadratic grid...
     # ...and the bounded one nothing above its per-query windows: a query block's local keys
-    # (block + 2 (window - 1), block = window) plus its strided rows (count + 1 + 2 count).
+    # (block + 2 (window - 1), block = window) plus its strided rows (3 blocks of count rows).
     assert sizes[2] <= n * (3 * 8 + 3 * 2) < grid // 8
 
 

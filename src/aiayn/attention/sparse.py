@@ -292,8 +292,8 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     if pattern in ("strided", "local+strided"):
         exclude = window if pattern == "local+strided" else 0
         if stride_count is None or stride_count * stride >= key_length - 1:
-            # Every strided key is within reach: the unbounded pattern, and its (Aq, Ak) grid is no
-            # larger than the bounded one's (Aq, count + 1 + block) windows.
+            # Every strided key is within reach: the unbounded pattern, whose Ak <= count + 1 keys
+            # per query are no more than the bounded layouts' 2-3 x count.
             parts.append(_strided_part(q, k, keys_allowed, stride, causal, exclude))
         elif query_length <= stride:  # decoding: fewer queries than grid columns
             parts.append(_gathered_strided_part(q, k, keys_allowed, stride, stride_count, causal,
