@@ -4,7 +4,9 @@ Measures the attention kernel itself (q, k, v -> output, forward + backward of `
 causal, batch 1, 8 heads, head width 64, float32, CPU): the projections around it cost O(n) for every
 kernel and would only blur the comparison. Kernels: dense ``reference`` (eq. 1 with a (T, S) matrix),
 ``fused`` (torch SDPA), ``chunked`` (exact, online softmax), ``linear`` (elu+1) and ``sparse``
-(local+strided, window 128, stride 128) plus ``sparse-local`` (window 128 only).
+(local+strided, window 128, stride 128) plus ``sparse-local`` (window 128 only) and ``sparse-bounded``
+(local+strided with the strided reach bounded to ``--stride-count`` strides, default 16: 16 strided keys
+back, up to 2048 positions; linear in n, see docs/efficient-attention.md). ``--kernels`` selects kernels.
 
 Every (kernel, n) runs in a fresh child process, so its peak memory is the child's own high-water mark
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``); we report it minus the child's resident size just
@@ -34,11 +36,11 @@ import sys
 import time
 from pathlib import Path
 
-KERNELS = ["reference", "fused", "chunked", "linear", "sparse", "sparse-local"]
+KERNELS = ["reference", "fused", "chunked", "linear", "sparse", "sparse-local", "sparse-bounded"]
 HEADS, HEAD_DIM = 8, 64
 
 
-def build_kernel(name: str, chunk_size: int, window: int, stride: int):
+def build_kernel(name: str, chunk_size: int, window: int, stride: int, stride_count: int):
     from aiayn.attention.chunked import ChunkedAttention
     from aiayn.attention.kernels import FusedAttention, ReferenceAttention
     from aiayn.attention.linear import LinearAttention
@@ -51,6 +53,7 @@ def build_kernel(name: str, chunk_size: int, window: int, stride: int):
         "linear": lambda: LinearAttention(64),
         "sparse": lambda: SparseAttention("local+strided", window, stride),
         "sparse-local": lambda: SparseAttention("local", window, stride),
+        "sparse-bounded": lambda: SparseAttention("local+strided", window, stride, stride_count),
     }[name]()
 
 
@@ -67,7 +70,7 @@ def child(args: argparse.Namespace) -> None:
     # One thread: CPU time then counts work, not the spin-waits of a thread whose partner was
     # descheduled (the machine is shared), and every kernel gets the same single core.
     torch.set_num_threads(args.threads)
-    kernel = build_kernel(args.kernel, args.chunk_size, args.window, args.stride)
+    kernel = build_kernel(args.kernel, args.chunk_size, args.window, args.stride, args.stride_count)
     shape = (1, HEADS, args.n, HEAD_DIM)  # (B, H, T, Dh)
     q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
     baseline = _resident_kib()
@@ -101,6 +104,7 @@ def run_child(kernel: str, n: int, args: argparse.Namespace) -> dict:
                "--repeats", str(args.repeats),
                "--budget-s", str(args.budget_s), "--chunk-size", str(args.chunk_size),
                "--window", str(args.window), "--stride", str(args.stride),
+               "--stride-count", str(args.stride_count),
                "--threads", str(args.threads)]
     if n <= 2048:  # larger runs take seconds: first-call overheads are noise there
         command.append("--warmup")
@@ -146,7 +150,7 @@ def report(rows: dict[str, list[dict]], lengths: list[int], long: list[int]) -> 
         }
     print("\nforward+backward, causal, B=1, H=8, Dh=64, float32, CPU; median CPU seconds (all threads)"
           " / extra peak MiB; exponents: CPU time, memory, wall time")
-    header = f"{'kernel':>12} | " + " | ".join(f"{n:>15}" for n in lengths + long)
+    header = f"{'kernel':>14} | " + " | ".join(f"{n:>15}" for n in lengths + long)
     print(header + " | time exp | mem exp | wall exp")
     print("-" * len(header) + "-+----------+---------+---------")
     for name, results in rows.items():
@@ -162,7 +166,7 @@ def report(rows: dict[str, list[dict]], lengths: list[int], long: list[int]) -> 
                 texts.append(f"{'skipped' if 'skipped' in r else 'failed':>15}")
         s = summary[name]
         fmt = (lambda x: f"{x:8.2f}" if x is not None else f"{'-':>8}")
-        print(f"{name:>12} | " + " | ".join(texts) + f" | {fmt(s['time_exponent'])} | "
+        print(f"{name:>14} | " + " | ".join(texts) + f" | {fmt(s['time_exponent'])} | "
               f"{fmt(s['memory_exponent'])} | {fmt(s['wall_time_exponent'])}")
     return summary
 
@@ -208,7 +212,8 @@ def main() -> None:
     parser.add_argument("--long", type=int, nargs="*", default=[32768, 65536],
                         help="extra lengths run only for kernels predicted to fit (not in the fit)")
     parser.add_argument("--long-kernels", nargs="*", default=["chunked", "linear", "sparse",
-                                                             "sparse-local"], choices=KERNELS)
+                                                             "sparse-local", "sparse-bounded"],
+                        choices=KERNELS)
     parser.add_argument("--max-config-s", type=float, default=30.0,
                         help="skip a configuration whose one pass is predicted (from the kernel's "
                              "measured growth) to take more CPU seconds than this")
@@ -218,6 +223,8 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=512)
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--stride", type=int, default=128)
+    parser.add_argument("--stride-count", type=int, default=16,
+                        help="sparse-bounded: strided keys at most this many strides away")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per child")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--from-logs", type=Path, nargs="+", default=None,
@@ -250,7 +257,7 @@ def main() -> None:
             if guess is not None and guess > limit_mib:
                 rows[name].append({"kernel": name, "n": n, "skipped": f"predicted {guess / 1024:.1f}"
                                    f" GiB > {args.memory_limit_gib:g} GiB"})
-                print(f"{name:>12} n={n:>6}: skipped, predicted {guess / 1024:.1f} GiB", flush=True)
+                print(f"{name:>14} n={n:>6}: skipped, predicted {guess / 1024:.1f} GiB", flush=True)
                 continue
             if len(measured) >= 2:
                 exponent = fit_exponent([r["n"] for r in measured],
@@ -260,15 +267,15 @@ def main() -> None:
                 if eta > args.max_config_s:
                     rows[name].append({"kernel": name, "n": n, "skipped": f"predicted {eta:.0f} "
                                        f"CPU s > --max-config-s {args.max_config_s:g}"})
-                    print(f"{name:>12} n={n:>6}: skipped, predicted {eta:.0f} CPU s", flush=True)
+                    print(f"{name:>14} n={n:>6}: skipped, predicted {eta:.0f} CPU s", flush=True)
                     continue
             result = run_child(name, n, args)
             result["long"] = long_run
             rows[name].append(result)
             if "error" in result:
-                print(f"{name:>12} n={n:>6}: failed: {result['error']}", flush=True)
+                print(f"{name:>14} n={n:>6}: failed: {result['error']}", flush=True)
             else:
-                print(f"{name:>12} n={n:>6}: cpu {statistics.median(result['times_s']):8.3f} s  "
+                print(f"{name:>14} n={n:>6}: cpu {statistics.median(result['times_s']):8.3f} s  "
                       f"wall {statistics.median(result['wall_s']):8.3f} s  "
                       f"extra {result['extra_mib']:9.1f} MiB  ({len(result['times_s'])} runs)",
                       flush=True)
@@ -281,7 +288,7 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {"command": " ".join(sys.argv), "settings": {
             "batch": 1, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float32", "causal": True,
-            "chunk_size": args.chunk_size, "window": args.window, "stride": args.stride,
+            "chunk_size": args.chunk_size, "window": args.window, "stride": args.stride, "stride_count": args.stride_count,
             "linear_chunk_size": 64, "time": "median process_time (CPU seconds, all threads) of "
             "the repeats; wall_s kept too", "threads": args.threads, "memory": "ru_maxrss of a fresh child minus its RSS before "
             "the first forward", "load_average_before": load_before[0],

@@ -17,6 +17,10 @@ KERNEL_CONFIGS = {
     # window and stride far below the sequence length, so the pattern really is sparse
     "sparse": dict(attention="sparse", attention_window=3, attention_stride=4),
     "sparse-local": dict(attention="sparse", attention_window=3, attention_pattern="local"),
+    # strided keys at most 1 stride (3 positions) back: bounded on these 10-14 token sequences (the
+    # 14-token LM's columns of 5 rows take the row windows, the shorter ones the masked column grid)
+    "sparse-bounded": dict(attention="sparse", attention_window=2, attention_stride=3,
+                           attention_stride_count=1),
 }
 
 
@@ -128,6 +132,7 @@ def test_linear_state_capacity_and_position_checks():
 @pytest.mark.parametrize("field, value, message", [
     ("attention_window", 0, "attention_window must be a positive integer"),
     ("attention_stride", -1, "attention_stride must be a positive integer"),
+    ("attention_stride_count", 0, "attention_stride_count must be a positive integer or None"),
     ("attention_chunk_size", 1.5, "attention_chunk_size must be a positive integer"),
     ("attention_pattern", "dilated", "attention_pattern must be one of"),
 ])

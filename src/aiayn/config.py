@@ -59,6 +59,10 @@ class TransformerConfig:
     # options of the efficient kernels (docs/efficient-attention.md); other kernels ignore them
     attention_window: int = 128  # sparse: local window (Child et al. 2019)
     attention_stride: int = 128  # sparse: stride of the strided pattern
+    # sparse: strided keys at most this many strides away (back, and forward when bidirectional);
+    # None: all of them (Child et al. 2019, O(n^2 / stride)); a number makes the strided pattern a
+    # dilated sliding window (Beltagy et al. 2020, Longformer) whose cost is linear in n
+    attention_stride_count: int | None = None
     attention_pattern: SparsePattern = "local+strided"  # sparse: 'local', 'strided', 'local+strided'
     attention_chunk_size: int = 256  # chunked: query/key tile; linear: causal chunk
 
@@ -102,6 +106,9 @@ class TransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        count = self.attention_stride_count
+        if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count <= 0):
+            raise ValueError(f"attention_stride_count must be a positive integer or None, got {count!r}")
         for name in ("n_encoder_layers", "n_decoder_layers", "type_vocab_size", "position_offset"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

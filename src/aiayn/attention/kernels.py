@@ -133,7 +133,7 @@ def _sparse(config: "TransformerConfig") -> AttentionKernel:
     from aiayn.attention.sparse import SparseAttention
 
     return SparseAttention(config.attention_pattern, config.attention_window,
-                           config.attention_stride)
+                           config.attention_stride, config.attention_stride_count)
 
 
 KERNELS: dict[str, KernelSpec] = {
