@@ -195,6 +195,20 @@ def marian_training_loss(model, batch: TranslationBatch, smoothing: float, task)
                                             num_items_in_batch=batch.target_tokens)
 
 
+def initial_training_losses(ours, marian, batch: TranslationBatch, smoothing: float, task
+                            ) -> dict[str, float]:
+    """Each side's training loss on the first batch before training, without dropout: the two
+    libraries' loss functions give the same value on the same logits."""
+    losses = {}
+    for name, model, loss in (("aiayn", ours, ours_training_loss),
+                              ("marian", marian, marian_training_loss)):
+        model.eval()
+        with torch.no_grad():
+            losses[name] = float(loss(model, batch, smoothing, task))
+        model.train()
+    return losses
+
+
 def make_side(name, model, logits, training, seed) -> Side:
     parameters = [p for p in model.parameters() if p.requires_grad]
     if name == "aiayn":  # the aiayn trainer's optimizer (torch's fused Adam where it applies)
@@ -423,6 +437,8 @@ def run(args: argparse.Namespace) -> dict:
                              directory=Path(scratch) / "init")
         batches = SharedBatches(task)
         difference = max_logit_difference(ours, marian, batches[0])
+        initial_losses = initial_training_losses(ours, marian, batches[0], cli.label_smoothing,
+                                                 task)
         sides = [make_side("aiayn", ours, ours_logits, training, args.seed),
                  make_side("marian", marian, marian_logits, training, args.seed)]
         train_alternating(sides, batches, training, smoothing=cli.label_smoothing,
@@ -450,6 +466,7 @@ def run(args: argparse.Namespace) -> dict:
                                        "max_position_embeddings", "vocab_size")},
             "parameters": {"aiayn": parameter_count(ours), "marian": parameter_count(marian)},
             "init": args.init, "initial_logits_max_abs_diff": difference,
+            "initial_training_loss": initial_losses,
             "training": {**training.to_dict(), "label_smoothing": cli.label_smoothing,
                          "max_tokens": cli.max_tokens},
             "budget_seconds": args.budget_seconds, "block_steps": args.block_steps,

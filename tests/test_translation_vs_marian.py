@@ -36,6 +36,9 @@ def test_quick_run_reports_both_sides(tmp_path):
     assert setup["parameters"]["aiayn"] == setup["parameters"]["marian"] > 0
     assert setup["initial_logits_max_abs_diff"] < 1e-4  # one architecture, one set of weights
     assert setup["test_sentences"] > 0
+    # Each library's own loss function: the same value on the same logits.
+    losses = setup["initial_training_loss"]
+    assert losses["aiayn"] == pytest.approx(losses["marian"], rel=1e-5)
     for side in ("aiayn", "marian"):
         report = result[side]
         assert SIDE_FIELDS <= set(report)
