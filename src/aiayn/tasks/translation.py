@@ -21,6 +21,7 @@ from aiayn.data.batching import TranslationBatch, collate, token_batches
 from aiayn.data.parallel import SentencePair, read_pairs, split_pairs
 from aiayn.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer)
 from aiayn.models import Transformer
+from aiayn.training.linear_cross_entropy import projected_loss
 from aiayn.training.loss import label_smoothed_cross_entropy
 
 
@@ -122,12 +123,21 @@ class TranslationTask:
              ) -> torch.Tensor:
         # No target padding mask: under the causal mask real queries never see the right padding,
         # and padded positions are ignored by the loss, so SDPA can take its is_causal path.
+        smoothing = self.label_smoothing if smoothing is None else smoothing
+        source_mask = batch.source != PAD_ID  # (B, S)
+        if type(model) is Transformer:
+            # Not wrapped (DDP/FSDP/compile need their forward): the output projection and the loss
+            # run in row chunks (aiayn.training.linear_cross_entropy), never the (B * T, V) logits.
+            memory = model.encode(batch.source, source_mask)  # (B, S, D)
+            hidden = model.decoder(batch.decoder_input, memory,
+                                   memory_padding_mask=source_mask)[0]  # (B, T, D)
+            return projected_loss(hidden, model.generator, batch.targets, smoothing=smoothing,
+                                  ignore_index=PAD_ID)
         logits = model(batch.source, batch.decoder_input,
-                       src_padding_mask=batch.source != PAD_ID)  # (B, T, V)
+                       src_padding_mask=source_mask)  # (B, T, V)
         return label_smoothed_cross_entropy(
             logits.flatten(0, 1), batch.targets.flatten(),
-            smoothing=self.label_smoothing if smoothing is None else smoothing,
-            ignore_index=PAD_ID)
+            smoothing=smoothing, ignore_index=PAD_ID)
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         import math
