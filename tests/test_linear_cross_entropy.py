@@ -127,3 +127,16 @@ def test_translation_loss_equals_the_plain_path(monkeypatch):
                              int((source != 0).sum()), torch.arange(3))
     task = SimpleNamespace(label_smoothing=0.1)
     _compare(lambda m: TranslationTask.loss(task, m, batch), model, monkeypatch)
+
+
+def test_translation_loss_without_padding_equals_the_masked_forward():
+    """A full source batch skips the all-True mask: same loss as the model run with the mask."""
+    from aiayn.tasks.translation import translation_loss
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.preset("tiny"))
+    source, target = torch.randint(3, 100, (2, 6)), torch.randint(3, 100, (2, 5))
+    logits = model(source, target[:, :-1], src_padding_mask=torch.ones_like(source, dtype=torch.bool))
+    expected = F.cross_entropy(logits.flatten(0, 1), target[:, 1:].flatten(), reduction="sum")
+    torch.testing.assert_close(translation_loss(model, source, target[:, :-1], target[:, 1:]),
+                               expected, rtol=1e-5, atol=1e-4)
