@@ -19,8 +19,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import (aiayn_optimizer, alternate, memory_main, peak_rss_subprocess, peer_optimizer,
-                    setup)
+from common import (aiayn_optimizer, alternate, memory_main, mib, peak_rss_subprocess,
+                    peer_optimizer, setup)
 from peers import NanoGPT, aiayn_from_hf, hf_gpt2, matmul_flops_per_token
 
 from aiayn.tasks.lm import token_loss
@@ -137,6 +137,7 @@ def main(argv: list[str]) -> None:
                     if row.get("compile_s") else "")
         print(f"{row['ours']:>14} vs {row['peer']:<8} {row['ours_value']:8.0f} vs "
               f"{row['peer_value']:8.0f} tokens/s  ratio {row['ours_value'] / row['peer_value']:.3f}"
+              f"  peak RSS MiB {mib(row.get('ours_rss'))} vs {mib(row.get('peer_rss'))}"
               f"{compiled}")
 
 

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common import (aiayn_optimizer, alternate, memory_main, peak_rss_subprocess, peer_optimizer,
-                    setup)
+from common import (aiayn_optimizer, alternate, memory_main, mib, peak_rss_subprocess,
+                    peer_optimizer, setup)
 from peers import aiayn_from_hf, hf_marian, matmul_flops_per_token, sinusoid
 
 from aiayn import Transformer
@@ -145,7 +145,8 @@ def main(argv: list[str]) -> None:
         return
     for row in run(rounds=args.rounds):
         print(f"{row['ours']:>16} vs {row['peer']:<9} {row['ours_value']:8.0f} vs "
-              f"{row['peer_value']:8.0f} tokens/s  ratio {row['ours_value'] / row['peer_value']:.3f}")
+              f"{row['peer_value']:8.0f} tokens/s  ratio {row['ours_value'] / row['peer_value']:.3f}"
+              f"  peak RSS MiB {mib(row.get('ours_rss'))} vs {mib(row.get('peer_rss'))}")
 
 
 if __name__ == "__main__":
