@@ -140,3 +140,11 @@ def test_translation_loss_without_padding_equals_the_masked_forward():
     expected = F.cross_entropy(logits.flatten(0, 1), target[:, 1:].flatten(), reduction="sum")
     torch.testing.assert_close(translation_loss(model, source, target[:, :-1], target[:, 1:]),
                                expected, rtol=1e-5, atol=1e-4)
+
+
+def test_low_precision_and_autocast_keep_the_plain_path():
+    hidden = torch.randn(4, 8)
+    assert lce.fused_loss_applies(hidden)
+    assert not lce.fused_loss_applies(hidden.bfloat16())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not lce.fused_loss_applies(hidden)

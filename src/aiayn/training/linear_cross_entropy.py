@@ -123,9 +123,11 @@ enabled = True  # module switch: tests and A/B benchmarks turn the fused path of
 
 
 def fused_loss_applies(hidden: Tensor) -> bool:
-    """Whether ``projected_loss`` takes the chunked path: switched on and not under autocast (the
-    chunked matmuls write into float32 buffers; autocast runs keep the plain path)."""
-    return enabled and not torch.is_autocast_enabled(hidden.device.type)
+    """Whether ``projected_loss`` takes the chunked path: switched on, float32 hidden states and not
+    under autocast. Low-precision runs keep the plain path: there the projection's weight gradient
+    would be rounded to bf16/fp16 once per chunk instead of once."""
+    return (enabled and hidden.dtype == torch.float32
+            and not torch.is_autocast_enabled(hidden.device.type))
 
 
 def projected_loss(hidden: Tensor, projection: torch.nn.Module, targets: Tensor, *,
