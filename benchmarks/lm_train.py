@@ -2,7 +2,10 @@
 
 aiayn's ``CausalLM`` is built from the HF ``GPT2LMHeadModel``'s weights (same architecture by
 construction); the nanoGPT-style model is the same architecture written minimally on SDPA. All sides
-compute the same loss (cross-entropy on the logits) with the same optimizer settings in one process.
+compute the same loss (mean next-token cross-entropy) with the same AdamW settings in one process;
+each side uses its own library's loss path and AdamW implementation (see ``common.aiayn_optimizer``):
+aiayn its trainer's ``make_optimizer`` (fused AdamW) and ``token_loss`` (chunked projection + loss),
+HF the Trainer's default fused AdamW, nanoGPT the default (foreach) AdamW it uses on CPU.
 
     python3 benchmarks/lm_train.py [--d-model 256] [--compile]
 """
@@ -16,8 +19,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import alternate, memory_main, peak_rss_subprocess, setup
+from common import (aiayn_optimizer, alternate, memory_main, mib, peak_rss_subprocess,
+                    peer_optimizer, setup)
 from peers import NanoGPT, aiayn_from_hf, hf_gpt2, matmul_flops_per_token
+
+from aiayn.tasks.lm import token_loss
 
 LAYERS, LENGTH, BATCH, VOCAB = 4, 256, 8, 8192
 
@@ -26,18 +32,31 @@ def shapes(d_model: int) -> dict:
     return dict(d_model=d_model, layers=LAYERS, heads=d_model // 64, vocab=VOCAB, positions=LENGTH)
 
 
-def make_step(model, logits_of, ids, targets):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+def make_step(model, loss_of, ids, targets, optimizer):
+    """One training step: ``loss_of(model, ids, targets)`` is the mean loss over the targets."""
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        logits = logits_of(model, ids)
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        loss = loss_of(model, ids, targets)
         loss.backward()
         optimizer.step()
         return loss
 
     return step
+
+
+def peer_loss(logits_of):
+    def loss_of(model, ids, targets):
+        logits = logits_of(model, ids)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+    return loss_of
+
+
+def aiayn_loss(model, ids, targets):
+    """aiayn's own LM training loss (``aiayn.tasks.lm.token_loss``: chunked projection + loss for a
+    plain CausalLM, the logits path for a compiled one), as a mean like the peers'."""
+    return token_loss(model, ids, targets) / targets.numel()
 
 
 def build_sides(d_model: int, which: list[str], compile_ours: bool = False) -> dict:
@@ -50,14 +69,17 @@ def build_sides(d_model: int, which: list[str], compile_ours: bool = False) -> d
     for name in which:
         if name.startswith("aiayn"):
             model = aiayn_from_hf(hf).train()
+            optimizer = aiayn_optimizer(model)
             if name == "aiayn+compile":
                 model = torch.compile(model)
-            sides[name] = make_step(model, lambda m, x: m(x), inputs, targets)
+            sides[name] = make_step(model, aiayn_loss, inputs, targets, optimizer)
         elif name == "hf":
-            sides[name] = make_step(hf, lambda m, x: m(input_ids=x).logits, inputs, targets)
+            sides[name] = make_step(hf, peer_loss(lambda m, x: m(input_ids=x).logits), inputs,
+                                    targets, peer_optimizer(hf, fused=True))
         elif name == "nanogpt":
             model = NanoGPT(**shapes(d_model)).train()
-            sides[name] = make_step(model, lambda m, x: m(x), inputs, targets)
+            sides[name] = make_step(model, peer_loss(lambda m, x: m(x)), inputs, targets,
+                                    peer_optimizer(model, fused=False))
     return sides
 
 
@@ -115,6 +137,7 @@ def main(argv: list[str]) -> None:
                     if row.get("compile_s") else "")
         print(f"{row['ours']:>14} vs {row['peer']:<8} {row['ours_value']:8.0f} vs "
               f"{row['peer_value']:8.0f} tokens/s  ratio {row['ours_value'] / row['peer_value']:.3f}"
+              f"  peak RSS MiB {mib(row.get('ours_rss'))} vs {mib(row.get('peer_rss'))}"
               f"{compiled}")
 
 

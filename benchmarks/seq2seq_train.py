@@ -3,6 +3,9 @@
 The paper's base shapes scaled down (d_model 256, 4 heads, d_ff 1024, 3+3 layers, source and target 64,
 batch 16). Each aiayn model takes its peer's weights: ``load_torch_transformer`` for torch.nn (plus the
 shared embedding), the interop name map for Marian. Full-length batches (no padding) on every side.
+Same AdamW settings everywhere; each side uses its own library's loss path and AdamW implementation
+(aiayn: ``translation_loss`` + the trainer's ``make_optimizer``; HF: the Trainer's fused AdamW;
+torch.nn: ``torch.optim.AdamW`` as written by a user; see ``common``).
 
     python3 benchmarks/seq2seq_train.py
 """
@@ -17,11 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common import alternate, memory_main, peak_rss_subprocess, setup
+from common import (aiayn_optimizer, alternate, memory_main, mib, peak_rss_subprocess,
+                    peer_optimizer, setup)
 from peers import aiayn_from_hf, hf_marian, matmul_flops_per_token, sinusoid
 
 from aiayn import Transformer
 from aiayn.interop.torch_nn import config_from_torch, load_torch_transformer
+from aiayn.tasks.translation import translation_loss
 
 D_MODEL, HEADS, D_FF, LAYERS, LENGTH, BATCH, VOCAB = 256, 4, 1024, 3, 64, 16, 8192
 
@@ -67,26 +72,42 @@ def build_sides(which: list[str]) -> dict:
         if name in ("torch.nn", "aiayn<-torch.nn"):
             peer = peers.setdefault("torch", TorchSeq2Seq().train())
             model = peer if name == "torch.nn" else aiayn_from_torch(peer).train()
-            sides[name] = _step(model, lambda m: m(src, tgt_in), tgt_out)
+            sides[name] = (_step(model, _peer_loss(lambda m: m(src, tgt_in), tgt_out),
+                                 peer_optimizer(model, fused=False)) if name == "torch.nn" else
+                           _step(model, _aiayn_loss(src, tgt_in, tgt_out), aiayn_optimizer(model)))
         elif name in ("marian", "aiayn<-marian"):
             peer = peers.setdefault("marian", hf_marian(
                 d_model=D_MODEL, layers=LAYERS, heads=HEADS, d_ff=D_FF, vocab=VOCAB,
                 positions=512).train())
             if name == "marian":
-                sides[name] = _step(peer, lambda m: m(input_ids=src, decoder_input_ids=tgt_in).logits,
-                                    tgt_out)
+                sides[name] = _step(peer, _peer_loss(
+                    lambda m: m(input_ids=src, decoder_input_ids=tgt_in).logits, tgt_out),
+                    peer_optimizer(peer, fused=True))
             else:
-                sides[name] = _step(aiayn_from_hf(peer).train(), lambda m: m(src, tgt_in), tgt_out)
+                model = aiayn_from_hf(peer).train()
+                sides[name] = _step(model, _aiayn_loss(src, tgt_in, tgt_out), aiayn_optimizer(model))
     return sides
 
 
-def _step(model, logits_of, targets):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+def _peer_loss(logits_of, targets):
+    def loss_of(model):
+        logits = logits_of(model)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return loss_of
+
+
+def _aiayn_loss(src, tgt_in, tgt_out):
+    """aiayn's own translation training loss (``translation_loss``, no smoothing) as a mean."""
+    return lambda model: translation_loss(model, src, tgt_in, tgt_out) / tgt_out.numel()
+
+
+def _step(model, loss_of, optimizer):
+    """One training step; optimizers as in ``common`` (each library's own choice on CPU)."""
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        logits = logits_of(model)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss = loss_of(model)
         loss.backward()
         optimizer.step()
         return loss
@@ -124,7 +145,8 @@ def main(argv: list[str]) -> None:
         return
     for row in run(rounds=args.rounds):
         print(f"{row['ours']:>16} vs {row['peer']:<9} {row['ours_value']:8.0f} vs "
-              f"{row['peer_value']:8.0f} tokens/s  ratio {row['ours_value'] / row['peer_value']:.3f}")
+              f"{row['peer_value']:8.0f} tokens/s  ratio {row['ours_value'] / row['peer_value']:.3f}"
+              f"  peak RSS MiB {mib(row.get('ours_rss'))} vs {mib(row.get('peer_rss'))}")
 
 
 if __name__ == "__main__":

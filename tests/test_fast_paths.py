@@ -9,7 +9,9 @@
 - the vocabulary-major output projection (no grad, few rows): equal to ``linear``;
 - beam search on the shared-memory cache: the same hypotheses and scores as the plain cache;
 - oneDNN linear layers with the FFN activation fused (CPU inference, many rows): equal to
-  ``nn.Linear`` + activation, and whole models equal with the path switched off.
+  ``nn.Linear`` + activation, and whole models equal with the path switched off;
+- the fused q/k/v (and cross k/v) projection split by ``split`` + per-part views: output and
+  gradients equal to the former ``view(B, T, 3, H, Dh).permute(...).unbind`` layout.
 """
 import pytest
 
@@ -244,3 +246,36 @@ def test_models_with_onednn_inference_equal_the_plain_path(monkeypatch):
         plain = [encoder(ids, padding_mask=mask), seq2seq(ids, ids[:, :55], src_padding_mask=mask)]
     for a, b in zip(fast, plain):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_fused_projection_split_equals_permute_unbind(cross):
+    """split + view (no copy in backward) == the view/permute/unbind formula, values and gradients."""
+    import torch.nn.functional as F
+    from aiayn.attention.kernels import FusedAttention
+    from aiayn.attention.multihead import MultiHeadAttention
+
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(16, 4, FusedAttention(), cross=cross)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    memory = torch.randn(2, 7, 16, requires_grad=True) if cross else None
+
+    def heads(projected, parts):  # the former layout: (B, L, P, H, Dh) -> P x (B, H, L, Dh)
+        batch, length, _ = projected.shape
+        return projected.view(batch, length, parts, 4, 4).permute(2, 0, 3, 1, 4).unbind(0)
+
+    if cross:
+        q = attention.q_proj(x).view(2, 5, 4, 4).transpose(1, 2)
+        k, v = heads(attention.kv_proj(memory), 2)
+    else:
+        q, k, v = heads(attention.qkv_proj(x), 3)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=not cross)
+    expected = attention.out_proj(out.transpose(1, 2).reshape(2, 5, 16))
+    inputs = [x] + ([memory] if cross else [])
+    parameters = list(attention.parameters())
+    expected_grads = torch.autograd.grad(expected.square().sum(), inputs + parameters)
+    got, _ = attention(x, memory, causal=not cross)
+    got_grads = torch.autograd.grad(got.square().sum(), inputs + parameters)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    for got_grad, expected_grad in zip(got_grads, expected_grads):
+        torch.testing.assert_close(got_grad, expected_grad, rtol=1e-6, atol=1e-7)

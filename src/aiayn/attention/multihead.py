@@ -57,20 +57,19 @@ class MultiHeadAttention(nn.Module):
 
     def _project_query_key_value(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if self.fused_projections:
-            batch, length, _ = x.shape
-            qkv = linear(self.qkv_proj, x).view(batch, length, 3, self.n_heads, self.head_dim)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, Dh)
-            return q, k, v
+            # split + per-part view (as nanoGPT) rather than view(B, T, 3, H, Dh).permute.unbind:
+            # the same strided views, but the backward of split is one cat into the (B, T, 3D)
+            # gradient, where unbind's stack + permute needs a further copy before the matmul.
+            q, k, v = linear(self.qkv_proj, x).split(self.d_model, dim=-1)  # 3 x (B, T, D)
+            return self._heads(q), self._heads(k), self._heads(v)  # 3 x (B, H, T, Dh)
         return (self._heads(linear(self.q_proj, x)), self._heads(linear(self.k_proj, x)),
                 self._heads(linear(self.v_proj, x)))
 
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values (B, H, S, Dh) of cross-attention; computed once per source when decoding."""
         if self.fused_projections:
-            batch, length, _ = memory.shape
-            kv = linear(self.kv_proj, memory).view(batch, length, 2, self.n_heads, self.head_dim)
-            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, H, S, Dh)
-            return k, v
+            k, v = linear(self.kv_proj, memory).split(self.d_model, dim=-1)  # 2 x (B, S, D)
+            return self._heads(k), self._heads(v)  # 2 x (B, H, S, Dh)
         return self._heads(linear(self.k_proj, memory)), self._heads(linear(self.v_proj, memory))
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,

@@ -21,7 +21,35 @@ from aiayn.data.batching import TranslationBatch, collate, token_batches
 from aiayn.data.parallel import SentencePair, read_pairs, split_pairs
 from aiayn.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer)
 from aiayn.models import Transformer
+from aiayn.training.linear_cross_entropy import projected_loss
 from aiayn.training.loss import label_smoothed_cross_entropy
+
+
+
+def translation_loss(model: nn.Module, source: torch.Tensor, decoder_input: torch.Tensor,
+                     targets: torch.Tensor, *, smoothing: float = 0.0) -> torch.Tensor:
+    """The SUM of the label-smoothed cross-entropy of ``model`` over the non-pad ``targets`` (B, T)
+    of right-padded ``source`` (B, S) and ``decoder_input`` (B, T): the training loss of the task.
+
+    No target padding mask: under the causal mask real queries never see the right padding, and
+    padded positions are ignored by the loss, so SDPA can take its is_causal path. A plain
+    ``Transformer`` (not wrapped by DDP/FSDP/torch.compile, whose forward must run) projects and
+    scores the hidden states in row chunks (``aiayn.training.linear_cross_entropy``), never
+    materialising the (B * T, V) logits; the value and gradients are the same.
+    """
+    source_mask = source != PAD_ID  # (B, S)
+    if source.device.type == "cpu" and bool(source_mask.all()):
+        # A batch without padding needs no mask, and without one SDPA runs its unmasked kernels
+        # (checked on the CPU only: elsewhere the test would be a device sync per step).
+        source_mask = None
+    if type(model) is Transformer:
+        memory = model.encode(source, source_mask)  # (B, S, D)
+        hidden = model.decoder(decoder_input, memory, memory_padding_mask=source_mask)[0]  # (B, T, D)
+        return projected_loss(hidden, model.generator, targets, smoothing=smoothing,
+                              ignore_index=PAD_ID)
+    logits = model(source, decoder_input, src_padding_mask=source_mask)  # (B, T, V)
+    return label_smoothed_cross_entropy(logits.flatten(0, 1), targets.flatten(),
+                                        smoothing=smoothing, ignore_index=PAD_ID)
 
 
 class TranslationTask:
@@ -120,14 +148,9 @@ class TranslationTask:
 
     def loss(self, model: nn.Module, batch: TranslationBatch, *, smoothing: float | None = None
              ) -> torch.Tensor:
-        # No target padding mask: under the causal mask real queries never see the right padding,
-        # and padded positions are ignored by the loss, so SDPA can take its is_causal path.
-        logits = model(batch.source, batch.decoder_input,
-                       src_padding_mask=batch.source != PAD_ID)  # (B, T, V)
-        return label_smoothed_cross_entropy(
-            logits.flatten(0, 1), batch.targets.flatten(),
-            smoothing=self.label_smoothing if smoothing is None else smoothing,
-            ignore_index=PAD_ID)
+        smoothing = self.label_smoothing if smoothing is None else smoothing
+        return translation_loss(model, batch.source, batch.decoder_input, batch.targets,
+                                smoothing=smoothing)
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         import math

@@ -296,6 +296,21 @@ def _fused_optimizer_applies(parameters: list[nn.Parameter]) -> bool:
         for p in parameters)
 
 
+def make_optimizer(model: nn.Module, config: TrainingConfig) -> torch.optim.Optimizer:
+    """The optimizer ``train`` builds for ``model``: Adam or AdamW with the config's settings over the
+    trainable parameters (matrices only decayed with ``decay_matrices_only``), torch's fused
+    implementation where it applies, at the schedule's step-1 learning rate."""
+    optimizer_class = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups: Any = trainable
+    if config.decay_matrices_only and config.weight_decay:
+        groups = [{"params": [p for p in trainable if p.dim() >= 2]},
+                  {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
+    return optimizer_class(groups, lr=config.schedule(1), betas=config.betas,
+                           eps=config.eps, weight_decay=config.weight_decay,
+                           fused=_fused_optimizer_applies(trainable) or None)
+
+
 def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | Path, *,
           model_config: Any = None, resume: bool = True) -> dict[str, float]:
     """Train ``model`` on ``task`` and write the run directory.
@@ -377,15 +392,7 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
             "model_config": model_config.to_dict(), "training_config": config.to_dict(),
             "assets": assets})
 
-    optimizer_class = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    groups: Any = trainable
-    if config.decay_matrices_only and config.weight_decay:
-        groups = [{"params": [p for p in trainable if p.dim() >= 2]},
-                  {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
-    optimizer = optimizer_class(groups, lr=config.schedule(1), betas=config.betas,
-                                eps=config.eps, weight_decay=config.weight_decay,
-                                fused=_fused_optimizer_applies(trainable) or None)
+    optimizer = make_optimizer(model, config)
     scaler = torch.amp.GradScaler(device.type) if config.autocast == "fp16" else None
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.autocast or "")
 

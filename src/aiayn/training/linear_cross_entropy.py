@@ -1,0 +1,150 @@
+"""Output projection + (label-smoothed) cross-entropy, computed in row chunks (training fast path).
+
+The plain loss path materialises the logits (N, V), their log-softmax (N, V) and, in backward, the
+gradient of both: at N = 2048 targets and V = 8192 that is 64 MiB per tensor, written and read
+several times. ``linear_cross_entropy`` projects ``chunk`` rows at a time, computes their loss and,
+when a gradient is needed, the gradient of their logits right away (softmax - smoothed one-hot), turns
+it into the gradients of the hidden states and of the projection matrix (two matmuls, exactly the ones
+the plain backward does), and drops the chunk's logits. Backward then only scales the stored gradients
+by the incoming one. Same loss and gradients as ``linear`` + ``label_smoothed_cross_entropy`` (summation
+order aside; tests/test_linear_cross_entropy.py); the peak memory of the loss becomes O(chunk x V).
+
+The smoothed loss is the one of ``aiayn.training.loss`` (paper 5.4): (1 - eps) * -log p[y] +
+eps * mean_v(-log p[v]), over the V possible tokens; its gradient w.r.t. the logits z is
+softmax(z) - (1 - eps) * onehot(y) - eps / V. Logits are finite here (a matmul of finite values), so
+the "impossible token" case of the general loss (a -inf logit) does not arise.
+
+Legend: N rows (targets), D model width, V vocabulary, C chunk rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+DEFAULT_CHUNK = 1024  # rows per chunk: (1024, 8192) float32 logits = 32 MiB; big enough for GEMM speed
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
+                smoothing: float, ignore_index: int, chunk: int, need_grad: bool) -> Tensor:
+        rows, vocab = hidden.shape[0], weight.shape[0]
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if need_grad else None
+        grad_weight = torch.zeros_like(weight) if need_grad else None
+        grad_bias = torch.zeros_like(bias) if need_grad and bias is not None else None
+        for begin in range(0, rows, chunk):
+            h = hidden[begin: begin + chunk]  # (C, D)
+            y = targets[begin: begin + chunk]  # (C,)
+            logits = (torch.mm(h, weight.t()) if bias is None
+                      else torch.addmm(bias, h, weight.t()))  # (C, V)
+            logits = logits.float()
+            keep = y != ignore_index  # (C,)
+            safe = y.masked_fill(~keep, 0).unsqueeze(1)  # (C, 1)
+            log_z = torch.logsumexp(logits, dim=-1)  # (C,)
+            # -log p[y] = log Z - z_y ; mean_v(-log p[v]) = log Z - mean_v(z_v)
+            nll = log_z - logits.gather(1, safe).squeeze(1)  # (C,)
+            if smoothing > 0.0:
+                nll = (1.0 - smoothing) * nll + smoothing * (log_z - logits.mean(dim=-1))
+            total += nll.masked_fill(~keep, 0.0).sum()
+            if not need_grad:
+                continue
+            # d loss / d z = softmax(z) - (1 - eps) onehot(y) - eps / V, zero on ignored rows,
+            # computed in place in the chunk's logits buffer. An ignored row gets log Z = +inf, so
+            # its softmax is exp(-inf) = 0 without a separate masking pass (and no host sync).
+            kept = keep.to(logits.dtype).unsqueeze(1)  # (C, 1)
+            grad = logits.sub_(log_z.masked_fill(~keep, float("inf")).unsqueeze(1)).exp_()  # (C, V)
+            if smoothing > 0.0:
+                grad.sub_(kept * (smoothing / vocab))
+            grad.scatter_add_(1, safe, kept * -(1.0 - smoothing))
+            grad = grad.to(hidden.dtype)
+            torch.mm(grad, weight, out=grad_hidden[begin: begin + chunk])  # (C, D)
+            grad_weight.addmm_(grad.t(), h)  # (V, D) += (V, C) @ (C, D)
+            if grad_bias is not None:
+                grad_bias += grad.sum(dim=0)
+        if need_grad:
+            ctx.save_for_backward(grad_hidden, grad_weight,
+                                  grad_bias if grad_bias is not None else grad_weight.new_empty(0))
+        ctx.has_bias = bias is not None
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        scale = grad_output.to(grad_hidden.dtype)
+        return (grad_hidden * scale if ctx.needs_input_grad[0] else None,
+                grad_weight * scale if ctx.needs_input_grad[1] else None,
+                grad_bias * scale if ctx.has_bias and ctx.needs_input_grad[2] else None,
+                None, None, None, None, None)
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *,
+                         bias: Tensor | None = None, smoothing: float = 0.0,
+                         ignore_index: int = -100, chunk: int = DEFAULT_CHUNK) -> Tensor:
+    """SUM over non-ignored rows of the label-smoothed NLL of the logits ``hidden @ weight.T + bias``.
+
+    Equals ``label_smoothed_cross_entropy(F.linear(hidden, weight, bias), targets, ...)`` without
+    materialising the (N, V) logits (see the module docstring).
+
+    Args:
+        hidden: (N, D) final hidden states.
+        weight: (V, D) output projection (the tied embedding matrix for tied models).
+        targets: (N,) token ids; rows equal to ``ignore_index`` contribute nothing.
+        bias: optional (V,) output bias.
+        smoothing: eps in [0, 1).
+        ignore_index: target value to skip.
+        chunk: rows projected at a time (peak extra memory ~ 2 x chunk x V floats).
+
+    Returns:
+        A float32 scalar; differentiable w.r.t. ``hidden``, ``weight`` and ``bias``.
+
+    Raises:
+        ValueError: mismatched shapes, a smoothing outside [0, 1) or a chunk < 1.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"expected hidden (N, D) and weight (V, D), got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if targets.dim() != 1 or targets.shape[0] != hidden.shape[0]:
+        raise ValueError(f"expected targets (N={hidden.shape[0]},), got {tuple(targets.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"expected bias (V={weight.shape[0]},), got {tuple(bias.shape)}")
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    need_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, weight, bias))
+    return _LinearCrossEntropy.apply(hidden, weight, bias, targets, float(smoothing),
+                                     int(ignore_index), int(chunk), need_grad)
+
+
+enabled = True  # module switch: tests and A/B benchmarks turn the fused path off
+
+
+def fused_loss_applies(hidden: Tensor) -> bool:
+    """Whether ``projected_loss`` takes the chunked path: switched on, float32 hidden states and not
+    under autocast. Low-precision runs keep the plain path: there the projection's weight gradient
+    would be rounded to bf16/fp16 once per chunk instead of once."""
+    return (enabled and hidden.dtype == torch.float32
+            and not torch.is_autocast_enabled(hidden.device.type))
+
+
+def projected_loss(hidden: Tensor, projection: torch.nn.Module, targets: Tensor, *,
+                   smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:
+    """Summed (label-smoothed) cross-entropy of ``projection(hidden)`` against ``targets``.
+
+    ``hidden`` (..., D), ``targets`` (...); ``projection`` is an ``OutputProjection`` (``.weight``
+    (V, D), ``.bias`` (V,) or None). Chunked through ``linear_cross_entropy`` when
+    ``fused_loss_applies``, else the logits and ``label_smoothed_cross_entropy``: the same value and
+    gradients either way.
+    """
+    from aiayn.training.loss import label_smoothed_cross_entropy  # late: keeps this module light
+
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # (N, D)
+    if fused_loss_applies(hidden):
+        return linear_cross_entropy(flat_hidden, projection.weight, targets.reshape(-1),
+                                    bias=projection.bias, smoothing=smoothing,
+                                    ignore_index=ignore_index)
+    return label_smoothed_cross_entropy(projection(flat_hidden), targets.reshape(-1),
+                                        smoothing=smoothing, ignore_index=ignore_index)

@@ -1,0 +1,150 @@
+"""The chunked output-projection + cross-entropy equals the plain logits + loss path (value and
+gradients), and the task losses that use it equal their plain path."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn import TransformerConfig
+from aiayn.data.batching import TranslationBatch
+from aiayn.models import CausalLM, Transformer
+from aiayn.tasks.lm import token_loss
+from aiayn.tasks.translation import TranslationTask
+from aiayn.training import linear_cross_entropy as lce
+from aiayn.training.linear_cross_entropy import linear_cross_entropy
+from aiayn.training.loss import label_smoothed_cross_entropy
+
+
+def _inputs(rows=37, width=12, vocab=50, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, width, generator=generator)
+    weight = torch.randn(vocab, width, generator=generator)
+    bias = torch.randn(vocab, generator=generator)
+    targets = torch.randint(0, vocab, (rows,), generator=generator)
+    targets[::5] = -100  # ignored rows
+    return hidden, weight, bias, targets
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("chunk", [1, 8, 37, 1000])
+def test_value_and_gradients_equal_the_plain_path(smoothing, with_bias, chunk):
+    hidden, weight, bias, targets = _inputs()
+    plain = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    fused = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    expected = label_smoothed_cross_entropy(
+        F.linear(plain[0], plain[1], plain[2] if with_bias else None), targets,
+        smoothing=smoothing)
+    (expected * 0.37).backward()  # a non-unit upstream gradient is scaled through
+    got = linear_cross_entropy(fused[0], fused[1], targets, bias=fused[2] if with_bias else None,
+                               smoothing=smoothing, chunk=chunk)
+    (got * 0.37).backward()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(fused[0].grad, plain[0].grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused[1].grad, plain[1].grad, rtol=1e-5, atol=1e-6)
+    if with_bias:
+        torch.testing.assert_close(fused[2].grad, plain[2].grad, rtol=1e-5, atol=1e-6)
+    assert not fused[0].grad[targets == -100].any()  # ignored rows get no gradient
+
+
+def test_tied_weight_accumulates_both_gradients():
+    """A weight used by an embedding and by the loss gets the sum of both gradients."""
+    hidden, weight, _, targets = _inputs()
+    ids = torch.randint(0, weight.shape[0], (5,))
+    grads = []
+    for fused in (False, True):
+        w = weight.clone().requires_grad_()
+        h = hidden + w[ids].sum()  # the embedding use of the same matrix
+        loss = (linear_cross_entropy(h, w, targets, chunk=8) if fused
+                else F.cross_entropy(F.linear(h, w), targets, reduction="sum"))
+        loss.backward()
+        grads.append(w.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)
+
+
+def test_without_gradient_gives_the_value_only():
+    hidden, weight, bias, targets = _inputs()
+    with torch.no_grad():
+        got = linear_cross_entropy(hidden, weight, targets, bias=bias, smoothing=0.1, chunk=7)
+    expected = label_smoothed_cross_entropy(F.linear(hidden, weight, bias), targets, smoothing=0.1)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+    assert not got.requires_grad
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(smoothing=1.0), "smoothing"), (dict(chunk=0), "chunk"),
+    (dict(bias=torch.zeros(3)), "bias"), (dict(targets=torch.zeros(2, dtype=torch.long)), "targets"),
+])
+def test_bad_arguments_name_the_problem(kwargs, message):
+    hidden, weight, _, targets = _inputs()
+    arguments = {"targets": targets, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        linear_cross_entropy(hidden, weight, arguments.pop("targets"), **arguments)
+    with pytest.raises(ValueError, match="hidden"):
+        linear_cross_entropy(hidden[:, :3], weight, targets)
+
+
+def _grads(model):
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def _compare(run, model, monkeypatch):
+    """Loss and every parameter gradient of ``run(model)`` with the fused path on and off."""
+    results = []
+    for enabled in (False, True):
+        monkeypatch.setattr(lce, "enabled", enabled)
+        model.zero_grad(set_to_none=True)
+        loss = run(model)
+        loss.backward()
+        results.append((loss.detach(), _grads(model)))
+    (plain_loss, plain_grads), (fused_loss, fused_grads) = results
+    torch.testing.assert_close(fused_loss, plain_loss, rtol=1e-5, atol=1e-4)
+    assert fused_grads.keys() == plain_grads.keys()
+    for name in plain_grads:
+        torch.testing.assert_close(fused_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6,
+                                   msg=name)
+
+
+def test_lm_token_loss_equals_the_plain_path(monkeypatch):
+    torch.manual_seed(0)
+    model = CausalLM(TransformerConfig.preset("tiny", norm_first=True, n_encoder_layers=0))
+    ids = torch.randint(0, 100, (3, 17))
+    _compare(lambda m: token_loss(m, ids[:, :-1], ids[:, 1:]), model, monkeypatch)
+
+
+def test_translation_loss_equals_the_plain_path(monkeypatch):
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.preset("tiny", output_bias=True))
+    source = torch.randint(3, 100, (3, 9))
+    source[0, 6:] = 0  # padded source
+    target = torch.randint(3, 100, (3, 8))
+    target[1, 5:] = 0  # padded target (ignored by the loss)
+    batch = TranslationBatch(source, target[:, :-1], target[:, 1:], int((target[:, 1:] != 0).sum()),
+                             int((source != 0).sum()), torch.arange(3))
+    task = SimpleNamespace(label_smoothing=0.1)
+    _compare(lambda m: TranslationTask.loss(task, m, batch), model, monkeypatch)
+
+
+def test_translation_loss_without_padding_equals_the_masked_forward():
+    """A full source batch skips the all-True mask: same loss as the model run with the mask."""
+    from aiayn.tasks.translation import translation_loss
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.preset("tiny"))
+    source, target = torch.randint(3, 100, (2, 6)), torch.randint(3, 100, (2, 5))
+    logits = model(source, target[:, :-1], src_padding_mask=torch.ones_like(source, dtype=torch.bool))
+    expected = F.cross_entropy(logits.flatten(0, 1), target[:, 1:].flatten(), reduction="sum")
+    torch.testing.assert_close(translation_loss(model, source, target[:, :-1], target[:, 1:]),
+                               expected, rtol=1e-5, atol=1e-4)
+
+
+def test_low_precision_and_autocast_keep_the_plain_path():
+    hidden = torch.randn(4, 8)
+    assert lce.fused_loss_applies(hidden)
+    assert not lce.fused_loss_applies(hidden.bfloat16())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not lce.fused_loss_applies(hidden)
