@@ -53,7 +53,7 @@ from aiayn.interop.hf import from_transformers
 from aiayn.models import Transformer
 from aiayn.tasks.translate import score_translations, translate_ids
 from aiayn.training.loss import label_smoothed_cross_entropy
-from aiayn.training.trainer import _fused_optimizer_applies
+from aiayn.training.trainer import make_optimizer
 
 REPO = BENCH_DIR.parent
 DEFAULT_DATA = REPO / "data" / "ddtp_en_de.tsv.gz"
@@ -212,10 +212,7 @@ def initial_training_losses(ours, marian, batch: TranslationBatch, smoothing: fl
 def make_side(name, model, logits, training, seed) -> Side:
     parameters = [p for p in model.parameters() if p.requires_grad]
     if name == "aiayn":  # the aiayn trainer's optimizer (torch's fused Adam where it applies)
-        optimizer_class = torch.optim.AdamW if training.optimizer == "adamw" else torch.optim.Adam
-        optimizer = optimizer_class(parameters, lr=training.schedule(1), betas=training.betas,
-                                    eps=training.eps, weight_decay=training.weight_decay,
-                                    fused=_fused_optimizer_applies(parameters) or None)
+        optimizer = make_optimizer(model, training)
         training_loss = ours_training_loss
     else:  # TrainingArguments' default optim "adamw_torch_fused"; weight decay 0 is Adam
         optimizer = torch.optim.AdamW(parameters, lr=training.schedule(1), betas=training.betas,
