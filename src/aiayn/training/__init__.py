@@ -2,7 +2,6 @@
 checkpoints and run directories."""
 
 from aiayn.training.checkpoint import average_checkpoints
-from aiayn.training.linear_cross_entropy import linear_cross_entropy
 from aiayn.training.loss import label_smoothed_cross_entropy
 from aiayn.training.run import Run, load_run
 from aiayn.training.schedules import Schedule, noam, warmup_cosine
@@ -10,5 +9,5 @@ from aiayn.training.task import Task
 from aiayn.training.trainer import TrainingConfig, make_optimizer, train
 
 __all__ = ["Run", "Schedule", "Task", "TrainingConfig", "average_checkpoints",
-           "label_smoothed_cross_entropy", "linear_cross_entropy", "load_run", "make_optimizer",
+           "label_smoothed_cross_entropy", "load_run", "make_optimizer",
            "noam", "train", "warmup_cosine"]
