@@ -57,8 +57,8 @@ def test_small_rows_path_only_where_it_applies():
         assert inference_linear.uses_small_rows(x, weight)
         assert not inference_linear.uses_small_rows(x.double(), weight.double())
         assert not inference_linear.uses_small_rows(torch.randn(65, 16), weight)  # too many rows
-        small = torch.randn(100, 16)  # a small output: the packed layout is not used at 2+ rows
-        assert inference_linear.uses_small_rows(x, small)
+        small = torch.randn(100, 16)  # a layer-sized output: left to ``linear``
+        assert not inference_linear.uses_small_rows(x, small)
         assert not inference_linear.uses_small_rows(torch.randn(4, 16), small)
 
 

@@ -10,13 +10,14 @@ benchmark machine (AMD EPYC, fp32, 1 thread, all-MiniLM shapes, 4096 rows): 384 
 CPU, outside float32, or where the operator is missing, this is exactly ``nn.Linear``.
 
 Decoding steps multiply a handful of rows (batch x beams) by the same weights step after step. There
-``small_rows_linear`` keeps a derived copy of each weight, made once and reused while the weight is
-unchanged (``PackedWeights``): for one row the transposed (I, O) matrix, which MKL reads as a plain
-GEMV operand instead of repacking the (O, I) matrix on every call (measured, 1 thread, AMD EPYC:
-the 256 -> 8192 output projection 3.2 -> 1.5 ms a row; layer shapes unchanged within noise), and for
-2..64 rows of a large output projection oneDNN's prepacked (blocked) weight
-(``torch.ops.mkldnn._reorder_linear_weight``): 256 -> 8192 at 8 rows 8.4 -> 4.1 ms, at 16 rows
-10.6 -> 4.7 ms. A derived copy is rebuilt whenever its weight changes: in-place updates (an optimizer
+``small_rows_linear`` keeps a derived copy of a vocabulary-sized weight (the output projection),
+made once and reused while the weight is unchanged (``PackedWeights``): for one row the transposed
+(I, O) matrix, which MKL reads as a plain GEMV operand instead of repacking the (O, I) matrix on every
+call (measured, 1 thread, AMD EPYC: the 256 -> 8192 output projection 3.2 -> 1.5 ms a row), and for
+2..64 rows oneDNN's prepacked (blocked) weight (``torch.ops.mkldnn._reorder_linear_weight``):
+256 -> 8192 at 8 rows 8.4 -> 4.1 ms, at 16 rows 10.6 -> 4.7 ms. The layers' own (D, 3D), (D, F)...
+matrices are left to ``linear``: the transposed copy measured 3-6 % slower there in whole decoding
+runs (their GEMVs are bound by reading the weights, whatever the layout). A derived copy is rebuilt whenever its weight changes: in-place updates (an optimizer
 step, ``load_state_dict``, ``copy_``) bump the weight's version counter, ``.to()`` / ``.data = ...``
 change its storage, and the cache checks both on every call.
 
@@ -62,12 +63,9 @@ def uses_onednn(x: Tensor, layer: nn.Linear) -> bool:
 
 
 def linear(layer: nn.Linear, x: Tensor) -> Tensor:
-    """``layer(x)``: (…, I) -> (…, O), through oneDNN when ``uses_onednn``, through a derived weight
-    for a decoding step's few rows (``small_rows_linear``)."""
+    """``layer(x)``: (…, I) -> (…, O), through oneDNN when ``uses_onednn``."""
     if uses_onednn(x, layer):
         return _LINEAR_POINTWISE(x, layer.weight, layer.bias, "none", [], "")
-    if uses_small_rows(x, layer.weight):
-        return small_rows_linear(x, layer.weight, layer.bias)
     return layer(x)
 
 
@@ -138,13 +136,12 @@ def _transposed(weight: Tensor) -> Tensor:
 
 
 def uses_small_rows(x: Tensor, weight: Tensor) -> bool:
-    """Whether ``small_rows_linear`` applies: no autograd, CPU float32, and one row, or 2..SMALL_ROWS
-    rows onto at least PACKED_MIN_OUTPUTS outputs (where oneDNN is present)."""
-    if not small_rows_enabled or torch.is_grad_enabled():
+    """Whether ``small_rows_linear`` applies: no autograd, CPU float32, a vocabulary-sized output (at
+    least PACKED_MIN_OUTPUTS), and one row, or 2..SMALL_ROWS rows where oneDNN is present."""
+    if not small_rows_enabled or torch.is_grad_enabled() or weight.shape[0] < PACKED_MIN_OUTPUTS:
         return False
     rows = x.numel() // x.shape[-1]
-    return ((rows == 1 or (1 < rows <= SMALL_ROWS and _REORDER is not None
-                           and weight.shape[0] >= PACKED_MIN_OUTPUTS))
+    return ((rows == 1 or (1 < rows <= SMALL_ROWS and _REORDER is not None))
             and x.device.type == "cpu" and x.dtype == torch.float32
             and weight.dtype == torch.float32 and not torch.compiler.is_compiling())
 
