@@ -17,11 +17,13 @@ call (measured, 1 thread, AMD EPYC: the 256 -> 8192 output projection 3.2 -> 1.5
 2..64 rows oneDNN's prepacked (blocked) weight (``torch.ops.mkldnn._reorder_linear_weight``):
 256 -> 8192 at 8 rows 8.4 -> 4.1 ms, at 16 rows 10.6 -> 4.7 ms. The layers' own (D, 3D), (D, F)...
 matrices are left to ``linear``: the transposed copy measured 3-6 % slower there in whole decoding
-runs (their GEMVs are bound by reading the weights, whatever the layout). A derived copy is rebuilt whenever its weight changes: in-place updates (an optimizer
-step, ``load_state_dict``, ``copy_``) bump the weight's version counter, ``.to()`` / ``.data = ...``
-change its storage, and the cache checks both on every call.
+runs (their GEMVs are bound by reading the weights, whatever the layout). A derived copy is rebuilt
+whenever its weight changes: in-place updates (an optimizer step, ``load_state_dict``, ``copy_``) bump
+the weight's version counter, ``.to()`` / ``.data = ...`` change its storage, and the cache checks both
+on every call.
 
-Results equal ``linear`` (+ activation) up to summation order (tests/test_fast_paths.py).
+Results equal ``linear`` (+ activation) up to summation order (tests/test_fast_paths.py,
+tests/test_packed_weights.py).
 
 Legend: N rows (batch x length), I input width, O output width.
 """
