@@ -8,9 +8,15 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
   cross keys/values reordered, allocating reorder, ``linear`` head); the tokens must be identical;
 - ``greedy``: ``aiayn.decoding.sampling.generate`` (batch 8) with and without the vocabulary-major
   output projection;
+- ``greedy1``: the same at batch 1;
 - ``encoder``: encoder inference with and without the oneDNN linear / fused activation.
 
-    python3 benchmarks/fast_path_ab.py beam greedy encoder --rounds 8
+``--baseline pass2`` switches off only the fast paths of the decode pass after the first (derived
+weights for few rows, ``aiayn.inference_linear.small_rows_linear``), so "before" is the code the
+previous pass left; the default ``plain`` switches off every fast path of the variant.
+
+    python3 benchmarks/fast_path_ab.py beam greedy greedy1 encoder --rounds 8
+    python3 benchmarks/fast_path_ab.py greedy1 beam --baseline pass2 --rounds 6
 """
 
 from __future__ import annotations
@@ -33,9 +39,27 @@ from aiayn.attention.cache import KVCache
 from aiayn.models.heads import OutputProjection
 
 
+BASELINE = "plain"  # set by --baseline
+
+
+@contextlib.contextmanager
+def no_small_rows():
+    """Without the derived weights of decoding steps (``inference_linear.small_rows_linear``)."""
+    inference_linear.small_rows_enabled = False
+    try:
+        yield
+    finally:
+        inference_linear.small_rows_enabled = True
+
+
 @contextlib.contextmanager
 def plain_decoding():
-    """The decode paths as they were before issue 6: allocating reorder, ``linear`` head."""
+    """The decode paths as they were before issue 6: allocating reorder, ``linear`` head, no derived
+    weights; with ``--baseline pass2`` only the derived weights are off."""
+    if BASELINE == "pass2":
+        with no_small_rows():
+            yield
+        return
     fast_reorder, fast_rows = KVCache.reorder, OutputProjection.VOCABULARY_MAJOR_ROWS
 
     def allocating_reorder(self, index, *, filled=None):
@@ -43,7 +67,8 @@ def plain_decoding():
 
     KVCache.reorder, OutputProjection.VOCABULARY_MAJOR_ROWS = allocating_reorder, (1, 0)
     try:
-        yield
+        with no_small_rows():
+            yield
     finally:
         KVCache.reorder, OutputProjection.VOCABULARY_MAJOR_ROWS = fast_reorder, fast_rows
 
@@ -92,6 +117,8 @@ def beam_variants() -> dict:
 
     def before():
         with plain_decoding():
+            if BASELINE == "pass2":
+                return generation.beam_loop(model, src, generation.BEAMS, generation.BEAM_NEW)
             return plain_beam_loop(model, src, generation.BEAMS, generation.BEAM_NEW)
 
     def after():
@@ -124,7 +151,8 @@ def encoder_variants() -> dict:
     return {"before": before, "after": sides["aiayn"], "hf": sides["hf"]}
 
 
-VARIANTS = {"beam": beam_variants, "greedy": greedy_variants, "encoder": encoder_variants}
+VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
+            "greedy1": lambda: greedy_variants(batch=1), "encoder": encoder_variants}
 
 
 def measure(variants: dict, rounds: int) -> dict[str, float]:
@@ -145,7 +173,10 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", nargs="+", choices=sorted(VARIANTS))
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--baseline", choices=("plain", "pass2"), default="plain")
     args = parser.parse_args(argv)
+    global BASELINE
+    BASELINE = args.baseline
     setup()
     for name in args.which:
         median = measure(VARIANTS[name](), args.rounds)

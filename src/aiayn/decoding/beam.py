@@ -76,9 +76,9 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
         first = False
         log_probs = torch.log_softmax(logits, dim=-1)
         log_probs[:, blocked] = -torch.inf
-        at_limit = torch.tensor([limits[i] <= step + 1 for i in alive], device=device)
-        if bool(at_limit.any()):  # the last position a sentence may use: </s> only
-            forced = at_limit.repeat_interleave(K)  # (n*K,)
+        at_limit = [limits[i] <= step + 1 for i in alive]  # host lists: no tensor, no sync
+        if any(at_limit):  # the last position a sentence may use: </s> only
+            forced = torch.tensor(at_limit, device=device).repeat_interleave(K)  # (n*K,)
             keep_eos = log_probs[:, eos].clone()
             log_probs[forced] = -torch.inf
             log_probs[forced, eos] = keep_eos[forced]

@@ -188,6 +188,7 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     stopped_by_id = torch.zeros(batch, dtype=torch.bool, device=device)
     host_stopped = [False] * batch
+    can_stop = stop is not None or bool(stop_set.numel())
 
     was_training = model.training
     model.eval()
@@ -205,7 +206,8 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
                                                  padded)
             token = next_tokens(logits, greedy=greedy, temperature=temperature, top_k=top_k,
                                 top_p=top_p, generator=generator)  # (B,)
-            token = token.masked_fill(finished, pad_id)
+            if can_stop:  # rows that stopped keep writing pad (no row stops otherwise)
+                token = token.masked_fill(finished, pad_id)
             sequence[:, column] = token
             produced = step + 1
             if stop_set.numel():
@@ -215,8 +217,7 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
             if on_step is not None:
                 on_step(step, token, finished)
             last = step == max_new_tokens - 1
-            if (stop is not None or stop_set.numel()) and (
-                    produced % check_every == 0 or on_step is not None or last):
+            if can_stop and (produced % check_every == 0 or on_step is not None or last):
                 if stop is not None:
                     host_finished = finished.tolist()
                     new_rows = sequence[:, width:column + 1].tolist()

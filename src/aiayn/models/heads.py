@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from aiayn import inference_linear
 from aiayn.config import TransformerConfig
 from aiayn.feedforward import activation_function
 from aiayn.normalisation import layer_norm
@@ -29,12 +30,17 @@ class OutputProjection(nn.Module):
             nn.init.xavier_uniform_(self.weight)
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if config.output_bias else None
 
-    # Row counts for which the vocabulary-major product is used on CPU when no gradient is needed.
+    # Row counts for which the vocabulary-major product is used on CPU when no gradient is needed
+    # and the derived-weight path (aiayn.inference_linear.small_rows_linear) does not apply.
     VOCABULARY_MAJOR_ROWS = (2, 64)
 
     def forward(self, hidden: Tensor) -> Tensor:
         # Gradient mode first: training (and torch.compile's symbolic shapes) never reach the test.
         if not torch.is_grad_enabled() and hidden.device.type == "cpu":
+            # A decoding step: a transposed copy (1 row) or oneDNN's packed weight (2..64 rows),
+            # made once and rebuilt when the weight changes.
+            if inference_linear.uses_small_rows(hidden, self.weight):
+                return inference_linear.small_rows_linear(hidden, self.weight, self.bias)
             rows = hidden.numel() // hidden.shape[-1]
             low, high = self.VOCABULARY_MAJOR_ROWS
             if low <= rows <= high:
