@@ -22,6 +22,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from aiayn.training.loss import (label_smoothed_cross_entropy, smoothed_nll_gradient,
+                                 summed_smoothed_nll)
+
 DEFAULT_CHUNK = 1024  # rows per chunk: (1024, 8192) float32 logits = 32 MiB; big enough for GEMM speed
 
 
@@ -29,7 +32,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
                 smoothing: float, ignore_index: int, chunk: int, need_grad: bool) -> Tensor:
-        rows, vocab = hidden.shape[0], weight.shape[0]
+        rows = hidden.shape[0]
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if need_grad else None
         grad_weight = torch.zeros_like(weight) if need_grad else None
@@ -41,23 +44,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
                       else torch.addmm(bias, h, weight.t()))  # (C, V)
             logits = logits.float()
             keep = y != ignore_index  # (C,)
-            safe = y.masked_fill(~keep, 0).unsqueeze(1)  # (C, 1)
+            safe = y.masked_fill(~keep, 0)  # (C,)
             log_z = torch.logsumexp(logits, dim=-1)  # (C,)
-            # -log p[y] = log Z - z_y ; mean_v(-log p[v]) = log Z - mean_v(z_v)
-            nll = log_z - logits.gather(1, safe).squeeze(1)  # (C,)
-            if smoothing > 0.0:
-                nll = (1.0 - smoothing) * nll + smoothing * (log_z - logits.mean(dim=-1))
-            total += nll.masked_fill(~keep, 0.0).sum()
+            total += summed_smoothed_nll(logits, log_z, safe, keep, smoothing)
             if not need_grad:
                 continue
-            # d loss / d z = softmax(z) - (1 - eps) onehot(y) - eps / V, zero on ignored rows,
-            # computed in place in the chunk's logits buffer. An ignored row gets log Z = +inf, so
-            # its softmax is exp(-inf) = 0 without a separate masking pass (and no host sync).
-            kept = keep.to(logits.dtype).unsqueeze(1)  # (C, 1)
-            grad = logits.sub_(log_z.masked_fill(~keep, float("inf")).unsqueeze(1)).exp_()  # (C, V)
-            if smoothing > 0.0:
-                grad.sub_(kept * (smoothing / vocab))
-            grad.scatter_add_(1, safe, kept * -(1.0 - smoothing))
+            # The chunk's logits buffer becomes their gradient (no host sync, no extra buffer).
+            grad = smoothed_nll_gradient(logits, log_z, safe, keep, smoothing, in_place=True)
             grad = grad.to(hidden.dtype)
             torch.mm(grad, weight, out=grad_hidden[begin: begin + chunk])  # (C, D)
             grad_weight.addmm_(grad.t(), h)  # (V, D) += (V, C) @ (C, D)
@@ -139,8 +132,6 @@ def projected_loss(hidden: Tensor, projection: torch.nn.Module, targets: Tensor,
     ``fused_loss_applies``, else the logits and ``label_smoothed_cross_entropy``: the same value and
     gradients either way.
     """
-    from aiayn.training.loss import label_smoothed_cross_entropy  # late: keeps this module light
-
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # (N, D)
     if fused_loss_applies(hidden):
         return linear_cross_entropy(flat_hidden, projection.weight, targets.reshape(-1),

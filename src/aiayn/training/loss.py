@@ -73,31 +73,44 @@ def _reference_loss(logits: Tensor, targets: Tensor, keep: Tensor, smoothing: fl
     return nll.masked_fill(~keep, 0.0).sum()
 
 
-class _FusedLabelSmoothedLoss(torch.autograd.Function):
-    """The same loss for rows whose log-probabilities are all finite (every token possible).
+def summed_smoothed_nll(logits: Tensor, log_normaliser: Tensor, targets: Tensor, keep: Tensor,
+                        smoothing: float) -> Tensor:
+    """The loss of rows whose tokens are all possible, from the logits and their log-normaliser.
 
-    log p[v] = x[v] - lse, so per row: nll = lse - x[y] and the uniform term is
-    lse - mean_v x[v]; the gradient is (softmax(x) - smoothed target) times the row's weight."""
+    log p[v] = z[v] - lse, so per row nll = lse - z[y] and the uniform term is lse - mean_v z[v];
+    logits (N, V), log_normaliser (N,) = logsumexp, targets (N,) valid ids, keep (N,) rows counted."""
+    nll = log_normaliser - logits.gather(1, targets.unsqueeze(1)).squeeze(1)  # (N,)
+    if smoothing > 0.0:
+        nll = (1.0 - smoothing) * nll + smoothing * (log_normaliser - logits.mean(dim=-1))
+    return nll.masked_fill(~keep, 0.0).sum()
+
+
+def smoothed_nll_gradient(logits: Tensor, log_normaliser: Tensor, targets: Tensor, keep: Tensor,
+                          smoothing: float, *, in_place: bool) -> Tensor:
+    """d summed_smoothed_nll / d logits (N, V): softmax - (1 - eps) onehot(y) - eps / V on kept rows,
+    zero on the others; with ``in_place`` written over ``logits`` (a buffer the caller owns)."""
+    # An ignored row gets log Z = +inf: its softmax is exp(-inf) = 0 without a masking pass.
+    shifted = log_normaliser.masked_fill(~keep, float("inf")).unsqueeze(1)  # (N, 1)
+    grad = (logits.sub_(shifted) if in_place else logits - shifted).exp_()  # (N, V)
+    kept = keep.to(grad.dtype).unsqueeze(1)  # (N, 1)
+    if smoothing > 0.0:
+        grad.sub_(kept * (smoothing / grad.shape[-1]))
+    return grad.scatter_add_(1, targets.unsqueeze(1), kept * -(1.0 - smoothing))
+
+
+class _FusedLabelSmoothedLoss(torch.autograd.Function):
+    """The same loss for rows whose log-probabilities are all finite (every token possible)."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, keep: Tensor, log_normaliser: Tensor,
                 smoothing: float) -> Tensor:
-        nll = log_normaliser - logits.gather(1, targets.unsqueeze(1)).squeeze(1)  # (N,)
-        if smoothing > 0.0:
-            uniform = log_normaliser - logits.mean(dim=-1)  # (N,)
-            nll = (1.0 - smoothing) * nll + smoothing * uniform
         ctx.save_for_backward(logits, targets, keep, log_normaliser)
         ctx.smoothing = smoothing
-        return nll.masked_fill(~keep, 0.0).sum()
+        return summed_smoothed_nll(logits, log_normaliser, targets, keep, smoothing)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         logits, targets, keep, log_normaliser = ctx.saved_tensors
-        smoothing, vocabulary = ctx.smoothing, logits.shape[-1]
-        row_weight = keep.to(logits.dtype) * grad_output  # (N,)
-        grad = torch.sub(logits, log_normaliser.unsqueeze(1)).exp_()  # softmax (N, V)
-        grad.mul_(row_weight.unsqueeze(1))
-        if smoothing > 0.0:
-            grad.sub_((smoothing / vocabulary * row_weight).unsqueeze(1))
-        grad.scatter_add_(1, targets.unsqueeze(1), (-(1.0 - smoothing) * row_weight).unsqueeze(1))
-        return grad, None, None, None, None
+        grad = smoothed_nll_gradient(logits, log_normaliser, targets, keep, ctx.smoothing,
+                                     in_place=False)
+        return grad.mul_(grad_output), None, None, None, None
