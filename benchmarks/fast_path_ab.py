@@ -11,12 +11,14 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
 - ``greedy1``: the same at batch 1;
 - ``encoder``: encoder inference with and without the oneDNN linear / fused activation.
 
-``--baseline pass2`` switches off only the fast paths of the decode pass after the first (derived
-weights for few rows, ``aiayn.inference_linear.small_rows_linear``), so "before" is the code the
-previous pass left; the default ``plain`` switches off every fast path of the variant.
+``--baseline pass2`` switches off the fast paths of the decode passes after the first (derived
+weights for few rows, ``aiayn.inference_linear.small_rows_linear``, the packed layer weights and the
+split one-row products), so "before" is the code the first pass left; ``--baseline pass3`` only those
+of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at one row); the default
+``plain`` switches off every fast path of the variant.
 
     python3 benchmarks/fast_path_ab.py beam greedy greedy1 encoder --rounds 8
-    python3 benchmarks/fast_path_ab.py greedy1 beam --baseline pass2 --rounds 6
+    python3 benchmarks/fast_path_ab.py greedy1 beam greedy --baseline pass3 --rounds 6
 """
 
 from __future__ import annotations
@@ -43,21 +45,32 @@ BASELINE = "plain"  # set by --baseline
 
 
 @contextlib.contextmanager
-def no_small_rows():
-    """Without the derived weights of decoding steps (``inference_linear.small_rows_linear``)."""
-    inference_linear.small_rows_enabled = False
+def switched_off(*names: str):
+    """The ``aiayn.inference_linear`` switches ``names`` off for the duration."""
+    saved = {name: getattr(inference_linear, name) for name in names}
+    for name in names:
+        setattr(inference_linear, name, False)
     try:
         yield
     finally:
-        inference_linear.small_rows_enabled = True
+        for name, value in saved.items():
+            setattr(inference_linear, name, value)
+
+
+def no_small_rows():
+    """Without the few-row paths of decoding steps: derived weights (output projection and layers)
+    and split one-row products."""
+    return switched_off("small_rows_enabled", "split_gemv_enabled")
 
 
 @contextlib.contextmanager
 def plain_decoding():
     """The decode paths as they were before issue 6: allocating reorder, ``linear`` head, no derived
-    weights; with ``--baseline pass2`` only the derived weights are off."""
-    if BASELINE == "pass2":
-        with no_small_rows():
+    weights; with ``--baseline pass2`` only the few-row paths are off, with ``pass3`` only the fourth
+    pass's (packed layer weights, split one-row products)."""
+    if BASELINE in ("pass2", "pass3"):
+        with (no_small_rows() if BASELINE == "pass2"
+              else switched_off("packed_layers_enabled", "split_gemv_enabled")):
             yield
         return
     fast_reorder, fast_rows = KVCache.reorder, OutputProjection.VOCABULARY_MAJOR_ROWS
@@ -117,7 +130,7 @@ def beam_variants() -> dict:
 
     def before():
         with plain_decoding():
-            if BASELINE == "pass2":
+            if BASELINE in ("pass2", "pass3"):
                 return generation.beam_loop(model, src, generation.BEAMS, generation.BEAM_NEW)
             return plain_beam_loop(model, src, generation.BEAMS, generation.BEAM_NEW)
 
@@ -173,7 +186,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", nargs="+", choices=sorted(VARIANTS))
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--baseline", choices=("plain", "pass2"), default="plain")
+    parser.add_argument("--baseline", choices=("plain", "pass2", "pass3"), default="plain")
     args = parser.parse_args(argv)
     global BASELINE
     BASELINE = args.baseline

@@ -2,11 +2,14 @@
 
 - equal to ``F.linear`` for 1..64 rows (transposed copy for one row, oneDNN's packed weight for a
   vocabulary-sized output), with and without bias, and the whole output projection too;
+- the layers' own weights packed at 2..64 rows (``linear``, ``linear_activation``) equal ``nn.Linear``
+  (+ activation), and only there (one row, 65 rows, autograd, float64 and the switches keep the plain path);
 - rebuilt whenever the weight changes: an optimizer step, ``load_state_dict``, ``copy_``, ``.data``
   assignment, ``.to()``; decoding right after a training step uses the new weights;
 - greedy generation and beam search give the same tokens with the path switched off;
 - entries go away with their weight; autograd and float64 never take the path.
 """
+import contextlib
 import gc
 
 import pytest
@@ -24,12 +27,24 @@ needs_onednn = pytest.mark.skipif(inference_linear._REORDER is None,
                                   reason="no oneDNN packed linear here")
 
 
+@contextlib.contextmanager
+def threads(count: int):
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 def _fast_and_plain(call, monkeypatch):
     with torch.no_grad():
         fast = call()
         monkeypatch.setattr(inference_linear, "small_rows_enabled", False)
+        monkeypatch.setattr(inference_linear, "split_gemv_enabled", False)
         plain = call()
         monkeypatch.setattr(inference_linear, "small_rows_enabled", True)
+        monkeypatch.setattr(inference_linear, "split_gemv_enabled", True)
     return fast, plain
 
 
@@ -94,12 +109,98 @@ def test_derived_weights_are_rebuilt_when_the_weight_changes():
 def test_entries_go_with_their_weight():
     weight = torch.randn(VOCAB, 8)
     before = len(inference_linear.packed_weights)
-    with torch.no_grad():
-        inference_linear.small_rows_linear(torch.randn(1, 8), weight, None)
+    rows = 2 if inference_linear._REORDER is not None else 1  # 1 row may split instead of copying
+    with torch.no_grad(), threads(1):
+        inference_linear.small_rows_linear(torch.randn(rows, 8), weight, None)
     assert len(inference_linear.packed_weights) == before + 1
     del weight
     gc.collect()
     assert len(inference_linear.packed_weights) == before
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("parts", [2, 3, 4])
+@pytest.mark.parametrize("shape", [(1, 1, 40), (1, 40), (40,)])
+def test_split_gemv_equals_linear(shape, parts, bias):
+    torch.manual_seed(parts)
+    weight, b = torch.randn(96, 40), (torch.randn(96) if bias else None)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        out = inference_linear.split_gemv(x, weight, b, parts)
+    assert out.shape == (*shape[:-1], 96)
+    torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+
+
+def test_split_gemv_only_where_it_applies(monkeypatch):
+    weight, row = torch.randn(96, 40), torch.randn(1, 40)
+    with torch.no_grad():
+        with threads(2):
+            assert inference_linear.split_gemv_parts(row, weight) == 2
+            assert inference_linear.split_gemv_parts(torch.randn(2, 40), weight) == 1  # not one row
+            assert inference_linear.split_gemv_parts(row.double(), weight.double()) == 1
+            assert inference_linear.split_gemv_parts(row, torch.randn(95, 40)) == 1  # 2 does not divide
+            monkeypatch.setattr(inference_linear, "split_gemv_enabled", False)
+            assert inference_linear.split_gemv_parts(row, weight) == 1
+            monkeypatch.setattr(inference_linear, "split_gemv_enabled", True)
+        with threads(3):
+            assert inference_linear.split_gemv_parts(row, weight) == 3
+        with threads(1):
+            assert inference_linear.split_gemv_parts(row, weight) == 1  # nothing to split across
+    with threads(2):
+        assert inference_linear.split_gemv_parts(row, weight) == 1  # autograd on
+        layer = nn.Linear(40, 96)
+        with torch.no_grad():  # through ``linear`` and the FFN's activation path
+            torch.testing.assert_close(inference_linear.linear(layer, row), layer(row))
+
+
+@needs_onednn
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("rows", [2, 7, 16, 64])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_layer_equals_linear(rows, activation, bias):
+    torch.manual_seed(rows)
+    layer = nn.Linear(40, 72, bias=bias)
+    x = torch.randn(rows, 1, 40)  # (N, 1, I): a decoding step of N rows
+    plain = {None: lambda h: h, "relu": F.relu, "gelu": F.gelu, "silu": F.silu,
+             "gelu_tanh": lambda h: F.gelu(h, approximate="tanh")}[activation](layer(x))
+    entries = len(inference_linear.packed_weights)
+    with torch.no_grad():
+        assert inference_linear.uses_packed_layer(x, layer)
+        out = (inference_linear.linear(layer, x) if activation is None
+               else inference_linear.linear_activation(layer, x, activation))
+    assert len(inference_linear.packed_weights) == entries + 1  # one derived copy, made here
+    assert out.shape == (rows, 1, 72)
+    torch.testing.assert_close(out, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_layer_only_where_it_applies(monkeypatch):
+    layer = nn.Linear(16, 32)
+    x = torch.randn(4, 16)
+    assert not inference_linear.uses_packed_layer(x, layer)  # autograd on
+    with torch.no_grad():
+        assert inference_linear.uses_packed_layer(x, layer) == (inference_linear._REORDER is not None)
+        assert not inference_linear.uses_packed_layer(torch.randn(1, 16), layer)  # one row: GEMV
+        assert not inference_linear.uses_packed_layer(torch.randn(65, 16), layer)  # not a step
+        assert not inference_linear.uses_packed_layer(x.double(), layer.double())
+        monkeypatch.setattr(inference_linear, "packed_layers_enabled", False)
+        assert not inference_linear.uses_packed_layer(x, layer.float())
+        monkeypatch.setattr(inference_linear, "packed_layers_enabled", True)
+        monkeypatch.setattr(inference_linear, "small_rows_enabled", False)
+        assert not inference_linear.uses_packed_layer(x, layer)
+        assert inference_linear.linear_activation(layer, x, "relu") is None  # caller's plain path
+
+
+def test_weights_made_under_inference_mode_keep_the_plain_path():
+    # Inference tensors have no version counter, so a derived copy could go stale unseen.
+    with torch.inference_mode():
+        layer, head = nn.Linear(16, 32), torch.randn(VOCAB, 16)
+        x = torch.randn(4, 16)
+        assert not inference_linear.uses_packed_layer(x, layer)
+        assert not inference_linear.uses_small_rows(x, head)
+        torch.testing.assert_close(inference_linear.linear(layer, x), layer(x))
+        model = _lm()  # a whole model made and used under inference_mode decodes as usual
+        tokens = generate(model, torch.randint(1, VOCAB, (2, 3)), max_new_tokens=3, greedy=True)
+        assert len(tokens.tokens) == 2
 
 
 def _lm() -> CausalLM:
@@ -111,27 +212,29 @@ def test_greedy_generation_equals_the_plain_path_after_a_training_step(monkeypat
     torch.manual_seed(0)
     model = _lm()
     prompts = torch.randint(1, VOCAB, (3, 5))
-    for batch in (1, 3):  # one row: transposed copies; three rows: packed output projection
+    _check_decoding(model, prompts, monkeypatch)
+    # a training step changes every weight in place; decoding must see the new ones. The fused
+    # AdamW (the trainer's choice on CPU) does not move the weights' version counters.
+    for fused in (False, True):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.5, fused=fused)
+        model.train()
+        ids = torch.randint(1, VOCAB, (2, 8))
+        F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+        optimizer.step()
+        model.eval()
+        _check_decoding(model, prompts, monkeypatch)
 
-        def run():
-            return generate(model, prompts[:batch], max_new_tokens=6, greedy=True).tokens
 
-        fast, plain = _fast_and_plain(run, monkeypatch)
-        assert fast == plain
-    # a training step changes every weight in place; decoding must see the new ones
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5)
-    model.train()
-    ids = torch.randint(1, VOCAB, (2, 8))
-    F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
-    optimizer.step()
-    model.eval()
-    for batch in (1, 3):
-        logits = lambda: model(prompts[:batch, :1])  # noqa: E731  (1 or 3 rows)
-        fast, plain = _fast_and_plain(logits, monkeypatch)
-        torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
-        run = lambda: generate(model, prompts[:batch], max_new_tokens=6, greedy=True).tokens  # noqa
-        fast, plain = _fast_and_plain(run, monkeypatch)
-        assert fast == plain
+def _check_decoding(model, prompts, monkeypatch):
+    # one row: split products (2 threads) or transposed copies (1 thread); three rows: packed weights
+    for batch, count in ((1, 1), (1, 2), (3, 2)):
+        with threads(count):
+            logits = lambda: model(prompts[:batch, :1])  # noqa: E731  (1 or 3 rows)
+            fast, plain = _fast_and_plain(logits, monkeypatch)
+            torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+            run = lambda: generate(model, prompts[:batch], max_new_tokens=6, greedy=True).tokens  # noqa
+            fast, plain = _fast_and_plain(run, monkeypatch)
+            assert fast == plain
 
 
 def test_beam_search_equals_the_plain_path(monkeypatch):

@@ -46,5 +46,5 @@ class FeedForward(nn.Module):
         # Inference on CPU: one oneDNN pass for the product and the activation (aiayn.inference_linear).
         hidden = linear_activation(self.linear1, x, self.activation_name)
         if hidden is None:
-            hidden = self.activation(self.linear1(x))  # (B, T, F)
+            hidden = self.activation(linear(self.linear1, x))  # (B, T, F)
         return linear(self.linear2, apply_dropout(self.dropout, hidden))

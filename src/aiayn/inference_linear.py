@@ -10,17 +10,27 @@ benchmark machine (AMD EPYC, fp32, 1 thread, all-MiniLM shapes, 4096 rows): 384 
 CPU, outside float32, or where the operator is missing, this is exactly ``nn.Linear``.
 
 Decoding steps multiply a handful of rows (batch x beams) by the same weights step after step. There
-``small_rows_linear`` keeps a derived copy of a vocabulary-sized weight (the output projection),
-made once and reused while the weight is unchanged (``PackedWeights``): for one row the transposed
-(I, O) matrix, which MKL reads as a plain GEMV operand instead of repacking the (O, I) matrix on every
-call (measured, 1 thread, AMD EPYC: the 256 -> 8192 output projection 3.2 -> 1.5 ms a row), and for
-2..64 rows oneDNN's prepacked (blocked) weight (``torch.ops.mkldnn._reorder_linear_weight``):
-256 -> 8192 at 8 rows 8.4 -> 4.1 ms, at 16 rows 10.6 -> 4.7 ms. The layers' own (D, 3D), (D, F)...
-matrices are left to ``linear``: the transposed copy measured 3-6 % slower there in whole decoding
-runs (their GEMVs are bound by reading the weights, whatever the layout). A derived copy is rebuilt
-whenever its weight changes: in-place updates (an optimizer step, ``load_state_dict``, ``copy_``) bump
-the weight's version counter, ``.to()`` / ``.data = ...`` change its storage, and the cache checks both
-on every call.
+a derived copy of the weight is made once and reused while the weight is unchanged (``PackedWeights``):
+
+- the output projection (``small_rows_linear``, vocabulary-sized outputs): for one row the transposed
+  (I, O) matrix, which MKL reads as a plain GEMV operand instead of repacking the (O, I) matrix on
+  every call (measured, 1 thread, AMD EPYC: the 256 -> 8192 output projection 3.2 -> 1.5 ms a row),
+  and for 2..64 rows oneDNN's prepacked (blocked) weight (``torch.ops.mkldnn._reorder_linear_weight``):
+  256 -> 8192 at 8 rows 8.4 -> 4.1 ms, at 16 rows 10.6 -> 4.7 ms;
+- the layers' own (D, 3D), (D, D), (D, F), (F, D) matrices (``linear`` / ``linear_activation`` at
+  2..64 rows): oneDNN's prepacked weight, with the FFN's activation fused. Measured (2 threads, the 18
+  products of a d256 3-layer decoder step, cold weights): 16 rows 5.1 -> 3.7 ms, 8 rows 3.7 -> 2.9
+  ms, 4 rows 3.5 -> 2.3 ms. At one row they stay on ``linear``: a GEMV is bound by reading the
+  weights, whatever their layout (transposed copies measured 3-6 % slower in whole decoding runs,
+  oneDNN's packed weight 20 % slower).
+
+The price is memory: one derived copy of every matrix a decoding step multiplies at 2..64 rows (and of
+the output projection at one row). ``small_rows_enabled = False`` turns all of it off;
+``packed_layers_enabled = False`` only the layers' part. A derived copy is rebuilt whenever its
+weight changes: in-place updates (an optimizer step, ``load_state_dict``, ``copy_``) bump the
+weight's version counter, ``.to()`` / ``.data = ...`` change its storage, and the cache checks both on
+every call; fused optimizers update weights in place without moving the version counter, so every
+optimizer step in the process (a global ``torch.optim`` step hook) invalidates all copies as well.
 
 Results equal ``linear`` (+ activation) up to summation order (tests/test_fast_paths.py,
 tests/test_packed_weights.py).
@@ -34,6 +44,7 @@ import weakref
 
 import torch
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 MIN_ROWS = 256  # below this, MKL's GEMM is faster than unpacked oneDNN (measured: 8-16 rows)
 
@@ -65,9 +76,16 @@ def uses_onednn(x: Tensor, layer: nn.Linear) -> bool:
 
 
 def linear(layer: nn.Linear, x: Tensor) -> Tensor:
-    """``layer(x)``: (…, I) -> (…, O), through oneDNN when ``uses_onednn``."""
+    """``layer(x)``: (…, I) -> (…, O), through oneDNN when ``uses_onednn``, through the layer's packed
+    weight when ``uses_packed_layer``."""
     if uses_onednn(x, layer):
         return _LINEAR_POINTWISE(x, layer.weight, layer.bias, "none", [], "")
+    if uses_packed_layer(x, layer):
+        packed = packed_weights.get(layer.weight, "onednn", _REORDER)
+        return _LINEAR_POINTWISE(x, packed, layer.bias, "none", [], "")
+    parts = split_gemv_parts(x, layer.weight)
+    if parts > 1:
+        return split_gemv(x, layer.weight, layer.bias, parts)
     return layer(x)
 
 
@@ -75,9 +93,14 @@ def linear_activation(layer: nn.Linear, x: Tensor, activation: str) -> Tensor | 
     """``activation(layer(x))`` in one oneDNN call, or None when that path does not apply (the caller
     then runs its plain code). ``activation`` names an ``aiayn.feedforward`` activation."""
     fused = FUSED_ACTIVATIONS.get(activation)
-    if fused is None or not uses_onednn(x, layer):
+    if fused is None:
         return None
-    return _LINEAR_POINTWISE(x, layer.weight, layer.bias, fused[0], [], fused[1])
+    if uses_onednn(x, layer):
+        return _LINEAR_POINTWISE(x, layer.weight, layer.bias, fused[0], [], fused[1])
+    if uses_packed_layer(x, layer):
+        packed = packed_weights.get(layer.weight, "onednn", _REORDER)
+        return _LINEAR_POINTWISE(x, packed, layer.bias, fused[0], [], fused[1])
+    return None
 
 
 # --- derived weights for decoding steps (few rows) -------------------------------------------------
@@ -96,13 +119,26 @@ def _onednn_reorder():
 _REORDER = _onednn_reorder() if _LINEAR_POINTWISE is not None else None
 
 
+_optimizer_steps = 0  # every optimizer step in this process, counted by the hook below
+
+
+def _count_optimizer_step(optimizer, args, kwargs) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+# Fused optimizers (torch.optim.AdamW(fused=True), the trainer's default on CPU) update parameters in
+# place without moving their version counters, so any optimizer step invalidates every derived copy.
+register_optimizer_step_post_hook(_count_optimizer_step)
+
+
 class PackedWeights:
     """Derived layouts of weights, rebuilt when their weight changes.
 
     An entry is keyed by the weight object and layout name and remembers the weight's storage (kept
     alive, so no other tensor can take its address while the entry exists), data pointer, version
-    counter, shape, dtype and device; any difference rebuilds it. Entries go when their weight is
-    garbage collected.
+    counter, shape, dtype and device, and the process's optimizer step count; any difference rebuilds
+    it. Entries go when their weight is garbage collected.
     """
 
     def __init__(self):
@@ -112,15 +148,16 @@ class PackedWeights:
         key = (id(weight), layout)
         entry = self._entries.get(key)
         if entry is not None:
-            ref, storage, pointer, version, shape, dtype, device, derived = entry
+            ref, storage, pointer, version, steps, shape, dtype, device, derived = entry
             if (ref() is weight and pointer == weight.data_ptr() and version == weight._version
-                    and shape == weight.shape and dtype == weight.dtype and device == weight.device):
+                    and steps == _optimizer_steps and shape == weight.shape
+                    and dtype == weight.dtype and device == weight.device):
                 return derived
         with torch.no_grad():
             derived = build(weight.detach())
         ref = weakref.ref(weight, lambda _, key=key: self._entries.pop(key, None))
         self._entries[key] = (ref, weight.untyped_storage(), weight.data_ptr(), weight._version,
-                              weight.shape, weight.dtype, weight.device, derived)
+                              _optimizer_steps, weight.shape, weight.dtype, weight.device, derived)
         return derived
 
     def clear(self) -> None:
@@ -133,19 +170,65 @@ class PackedWeights:
 packed_weights = PackedWeights()
 
 
+packed_layers_enabled = True  # module switch: the layers' own weights packed for 2..SMALL_ROWS rows
+
+
+def uses_packed_layer(x: Tensor, layer: nn.Linear) -> bool:
+    """Whether ``linear`` multiplies ``x`` by ``layer``'s oneDNN-packed weight: a decoding step of
+    2..SMALL_ROWS rows (batch x beams), no autograd, CPU float32, and a weight whose changes can be
+    seen (not an inference tensor, which has no version counter)."""
+    rows = x.numel() // x.shape[-1]
+    return (packed_layers_enabled and 1 < rows <= SMALL_ROWS and small_rows_enabled
+            and _REORDER is not None and not torch.is_grad_enabled() and x.device.type == "cpu"
+            and x.dtype == torch.float32 and layer.weight.dtype == torch.float32
+            and not layer.weight.is_inference() and not torch.compiler.is_compiling())
+
+
+split_gemv_enabled = True  # module switch: one-row products split across threads
+
+
+def split_gemv_parts(x: Tensor, weight: Tensor) -> int:
+    """Into how many parts ``split_gemv`` cuts the product of the single row ``x`` (…, I) by
+    ``weight`` (O, I): the thread count when it divides O, else 1 (the plain path)."""
+    if not split_gemv_enabled or x.numel() != x.shape[-1] or torch.is_grad_enabled():
+        return 1
+    parts = torch.get_num_threads()
+    if (parts < 2 or weight.shape[0] % parts or x.device.type != "cpu" or x.dtype != torch.float32
+            or weight.dtype != torch.float32 or torch.compiler.is_compiling()):
+        return 1
+    return parts
+
+
+def split_gemv(x: Tensor, weight: Tensor, bias: Tensor | None, parts: int) -> Tensor:
+    """``F.linear`` of one row x (…, I) -> (…, O) as ``parts`` GEMVs in one batched call.
+
+    MKL runs a lone GEMV on one thread, so a decoding step at batch 1 reads its weights at one core's
+    memory bandwidth; the batched product over row blocks of the same (unchanged, uncopied) weight
+    runs one block per thread.
+    """
+    out_features, in_features = weight.shape
+    blocks = weight.view(parts, out_features // parts, in_features)  # (P, O/P, I): a view
+    # (1, I) transposed: an (I, 1) column that the batched GEMM reads in place for every block.
+    column = x.reshape(1, in_features).t().expand(parts, in_features, 1)  # (P, I, 1)
+    out = torch.bmm(blocks, column).view(*x.shape[:-1], out_features)  # (…, O)
+    return out if bias is None else out.add_(bias)
+
+
 def _transposed(weight: Tensor) -> Tensor:
     return weight.t().contiguous()  # (I, O)
 
 
 def uses_small_rows(x: Tensor, weight: Tensor) -> bool:
     """Whether ``small_rows_linear`` applies: no autograd, CPU float32, a vocabulary-sized output (at
-    least PACKED_MIN_OUTPUTS), and one row, or 2..SMALL_ROWS rows where oneDNN is present."""
+    least PACKED_MIN_OUTPUTS), and one row, or 2..SMALL_ROWS rows where oneDNN is present; not for a
+    weight made under ``torch.inference_mode`` (no version counter: a change could not be seen)."""
     if not small_rows_enabled or torch.is_grad_enabled() or weight.shape[0] < PACKED_MIN_OUTPUTS:
         return False
     rows = x.numel() // x.shape[-1]
     return ((rows == 1 or (1 < rows <= SMALL_ROWS and _REORDER is not None))
             and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and not torch.compiler.is_compiling())
+            and weight.dtype == torch.float32 and not weight.is_inference()
+            and not torch.compiler.is_compiling())
 
 
 def small_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -153,6 +236,9 @@ def small_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     derived weight kept in ``packed_weights`` (see the module docstring). Call it only where
     ``uses_small_rows`` holds."""
     if x.numel() == x.shape[-1]:  # one row
+        parts = split_gemv_parts(x, weight)
+        if parts > 1:
+            return split_gemv(x, weight, bias, parts)
         flat = x.reshape(1, x.shape[-1])  # (1, I)
         transposed = packed_weights.get(weight, "transposed", _transposed)  # (I, O)
         out = torch.mm(flat, transposed) if bias is None else torch.addmm(bias, flat, transposed)
