@@ -148,3 +148,31 @@ def test_low_precision_and_autocast_keep_the_plain_path():
     assert not lce.fused_loss_applies(hidden.bfloat16())
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not lce.fused_loss_applies(hidden)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports (torch.jit)
+def test_a_model_compiled_in_place_trains_through_its_compiled_call():
+    """``model.compile()`` (what the trainer's ``compile`` option does) compiles the module's call
+    only; the task losses must then run that call, not the model's parts uncompiled."""
+    from aiayn.tasks.translation import translation_loss
+    from aiayn.training.linear_cross_entropy import runs_uncompiled
+
+    torch.manual_seed(0)
+    lm = CausalLM(TransformerConfig.preset("tiny", norm_first=True, n_encoder_layers=0))
+    translator = Transformer(TransformerConfig.preset("tiny"))
+    ids = torch.randint(3, 100, (2, 9))
+    plain = [token_loss(lm, ids[:, :-1], ids[:, 1:]),
+             translation_loss(translator, ids, ids[:, :-1], ids[:, 1:])]
+    assert runs_uncompiled(lm, CausalLM) and runs_uncompiled(translator, Transformer)
+    calls = []
+    for model in (lm, translator):
+        model.compile()  # lazy: nothing is compiled until the first call
+        assert not runs_uncompiled(model, type(model))
+        eager = model._call_impl  # stands in for the compiled call (compiling takes minutes here)
+        model._compiled_call_impl = lambda *a, eager=eager, **k: calls.append(1) or eager(*a, **k)
+    compiled = [token_loss(lm, ids[:, :-1], ids[:, 1:]),
+                translation_loss(translator, ids, ids[:, :-1], ids[:, 1:])]
+    assert len(calls) == 2  # each loss went through its model's (compiled) call
+    for got, want in zip(compiled, plain):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    assert not runs_uncompiled(torch.compile(CausalLM(TransformerConfig.preset("tiny"))), CausalLM)

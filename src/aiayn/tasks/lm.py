@@ -25,16 +25,17 @@ from aiayn.config import TransformerConfig
 from aiayn.data.text import (CharVocabulary, check_length, contiguous_blocks, random_blocks,
                              read_text, split_text)
 from aiayn.models import CausalLM
-from aiayn.training.linear_cross_entropy import projected_loss
+from aiayn.training.linear_cross_entropy import projected_loss, runs_uncompiled
 
 
 def token_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
     """Summed next-token cross-entropy of inputs (B, T) against targets (B, T).
 
-    A plain ``CausalLM`` (not wrapped by DDP/FSDP/torch.compile, whose forward must run) goes through
-    ``projected_loss``: output projection and loss in row chunks, never the (B * T, V) logits.
+    A plain ``CausalLM`` (not wrapped by DDP/FSDP/torch.compile and not compiled in place: their
+    forward must run) goes through ``projected_loss``: output projection and loss in row chunks,
+    never the (B * T, V) logits.
     """
-    if type(model) is CausalLM:
+    if runs_uncompiled(model, CausalLM):
         return projected_loss(model.hidden_states(inputs), model.lm_head, targets)
     logits = model(inputs)  # (B, T, V)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),

@@ -21,7 +21,7 @@ from aiayn.data.batching import TranslationBatch, collate, token_batches
 from aiayn.data.parallel import SentencePair, read_pairs, split_pairs
 from aiayn.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer)
 from aiayn.models import Transformer
-from aiayn.training.linear_cross_entropy import projected_loss
+from aiayn.training.linear_cross_entropy import projected_loss, runs_uncompiled
 from aiayn.training.loss import label_smoothed_cross_entropy
 
 
@@ -33,7 +33,8 @@ def translation_loss(model: nn.Module, source: torch.Tensor, decoder_input: torc
 
     No target padding mask: under the causal mask real queries never see the right padding, and
     padded positions are ignored by the loss, so SDPA can take its is_causal path. A plain
-    ``Transformer`` (not wrapped by DDP/FSDP/torch.compile, whose forward must run) projects and
+    ``Transformer`` (not wrapped by DDP/FSDP/torch.compile and not compiled in place: their forward
+    must run) projects and
     scores the hidden states in row chunks (``aiayn.training.linear_cross_entropy``), never
     materialising the (B * T, V) logits; the value and gradients are the same.
     """
@@ -42,7 +43,7 @@ def translation_loss(model: nn.Module, source: torch.Tensor, decoder_input: torc
         # A batch without padding needs no mask, and without one SDPA runs its unmasked kernels
         # (checked on the CPU only: elsewhere the test would be a device sync per step).
         source_mask = None
-    if type(model) is Transformer:
+    if runs_uncompiled(model, Transformer):
         memory = model.encode(source, source_mask)  # (B, S, D)
         hidden = model.decoder(decoder_input, memory, memory_padding_mask=source_mask)[0]  # (B, T, D)
         return projected_loss(hidden, model.generator, targets, smoothing=smoothing,

@@ -123,6 +123,16 @@ def fused_loss_applies(hidden: Tensor) -> bool:
             and not torch.is_autocast_enabled(hidden.device.type))
 
 
+def runs_uncompiled(model: torch.nn.Module, model_class: type) -> bool:
+    """Whether ``model`` is a plain ``model_class`` whose parts a loss may call directly.
+
+    Not when wrapped (DDP, FSDP's wrapper, ``torch.compile(model)``) and not after
+    ``model.compile()``: that compiles the module's call, so only its forward runs compiled, and
+    calling its parts would silently train uncompiled.
+    """
+    return type(model) is model_class and getattr(model, "_compiled_call_impl", None) is None
+
+
 def projected_loss(hidden: Tensor, projection: torch.nn.Module, targets: Tensor, *,
                    smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:
     """Summed (label-smoothed) cross-entropy of ``projection(hidden)`` against ``targets``.
