@@ -181,6 +181,9 @@ def test_packed_layer_only_where_it_applies(monkeypatch):
         assert inference_linear.uses_packed_layer(x, layer) == (inference_linear._REORDER is not None)
         assert not inference_linear.uses_packed_layer(torch.randn(1, 16), layer)  # one row: GEMV
         assert not inference_linear.uses_packed_layer(torch.randn(65, 16), layer)  # not a step
+        assert not inference_linear.uses_packed_layer(torch.randn(1, 8, 16), layer)  # a prefill
+        assert inference_linear.uses_packed_layer(torch.randn(8, 1, 16), layer) == (
+            inference_linear._REORDER is not None)  # a step of 8 rows
         assert not inference_linear.uses_packed_layer(x.double(), layer.double())
         monkeypatch.setattr(inference_linear, "packed_layers_enabled", False)
         assert not inference_linear.uses_packed_layer(x, layer.float())

@@ -174,11 +174,14 @@ packed_layers_enabled = True  # module switch: the layers' own weights packed fo
 
 
 def uses_packed_layer(x: Tensor, layer: nn.Linear) -> bool:
-    """Whether ``linear`` multiplies ``x`` by ``layer``'s oneDNN-packed weight: a decoding step of
-    2..SMALL_ROWS rows (batch x beams), no autograd, CPU float32, and a weight whose changes can be
-    seen (not an inference tensor, which has no version counter)."""
+    """Whether ``linear`` multiplies ``x`` by ``layer``'s oneDNN-packed weight: a decoding step
+    (one new position per row: (N, 1, I), or (N, I)) of 2..SMALL_ROWS rows (batch x beams), no
+    autograd, CPU float32, and a weight whose changes can be seen (not an inference tensor, which has
+    no version counter). A prompt's prefill (N, T > 1, I) keeps ``linear``: the copy pays off only
+    over many steps, and a batch-1 generation never multiplies more than one row after it."""
     rows = x.numel() // x.shape[-1]
-    return (packed_layers_enabled and 1 < rows <= SMALL_ROWS and small_rows_enabled
+    return (packed_layers_enabled and 1 < rows <= SMALL_ROWS and (x.dim() < 3 or x.shape[-2] == 1)
+            and small_rows_enabled
             and _REORDER is not None and not torch.is_grad_enabled() and x.device.type == "cpu"
             and x.dtype == torch.float32 and layer.weight.dtype == torch.float32
             and not layer.weight.is_inference() and not torch.compiler.is_compiling())
