@@ -20,13 +20,18 @@ a derived copy of the weight is made once and reused while the weight is unchang
 - the layers' own (D, 3D), (D, D), (D, F), (F, D) matrices (``linear`` / ``linear_activation`` at
   2..64 rows): oneDNN's prepacked weight, with the FFN's activation fused. Measured (2 threads, the 18
   products of a d256 3-layer decoder step, cold weights): 16 rows 5.1 -> 3.7 ms, 8 rows 3.7 -> 2.9
-  ms, 4 rows 3.5 -> 2.3 ms. At one row they stay on ``linear``: a GEMV is bound by reading the
-  weights, whatever their layout (transposed copies measured 3-6 % slower in whole decoding runs,
-  oneDNN's packed weight 20 % slower).
+  ms, 4 rows 3.5 -> 2.3 ms. Not at one row: a GEMV is bound by reading the weights, whatever their
+  layout (transposed copies measured 3-6 % slower in whole decoding runs, oneDNN's packed weight 20 %
+  slower).
+
+At one row with 2+ threads every product (layers and output projection) is ``split_gemv`` instead:
+MKL runs a lone GEMV on one thread, so the weight, unchanged and uncopied, is multiplied as P
+row blocks in one batched call that spreads over the threads (the 16 layer products of a d256 step
+2.1 -> 1.7 ms, the 256 -> 8192 projection 0.72 ms with the transposed copy -> 0.58 ms).
 
 The price is memory: one derived copy of every matrix a decoding step multiplies at 2..64 rows (and of
-the output projection at one row). ``small_rows_enabled = False`` turns all of it off;
-``packed_layers_enabled = False`` only the layers' part. A derived copy is rebuilt whenever its
+the output projection at one row on one thread). ``small_rows_enabled = False`` turns all of it off;
+``packed_layers_enabled = False`` only the layers' part; ``split_gemv_enabled = False`` the split. A derived copy is rebuilt whenever its
 weight changes: in-place updates (an optimizer step, ``load_state_dict``, ``copy_``) bump the
 weight's version counter, ``.to()`` / ``.data = ...`` change its storage, and the cache checks both on
 every call; fused optimizers update weights in place without moving the version counter, so every
@@ -81,8 +86,7 @@ def linear(layer: nn.Linear, x: Tensor) -> Tensor:
     if uses_onednn(x, layer):
         return _LINEAR_POINTWISE(x, layer.weight, layer.bias, "none", [], "")
     if uses_packed_layer(x, layer):
-        packed = packed_weights.get(layer.weight, "onednn", _REORDER)
-        return _LINEAR_POINTWISE(x, packed, layer.bias, "none", [], "")
+        return _LINEAR_POINTWISE(x, _onednn_packed(layer.weight), layer.bias, "none", [], "")
     parts = split_gemv_parts(x, layer.weight)
     if parts > 1:
         return split_gemv(x, layer.weight, layer.bias, parts)
@@ -98,8 +102,7 @@ def linear_activation(layer: nn.Linear, x: Tensor, activation: str) -> Tensor | 
     if uses_onednn(x, layer):
         return _LINEAR_POINTWISE(x, layer.weight, layer.bias, fused[0], [], fused[1])
     if uses_packed_layer(x, layer):
-        packed = packed_weights.get(layer.weight, "onednn", _REORDER)
-        return _LINEAR_POINTWISE(x, packed, layer.bias, fused[0], [], fused[1])
+        return _LINEAR_POINTWISE(x, _onednn_packed(layer.weight), layer.bias, fused[0], [], fused[1])
     return None
 
 
@@ -217,6 +220,11 @@ def split_gemv(x: Tensor, weight: Tensor, bias: Tensor | None, parts: int) -> Te
     return out if bias is None else out.add_(bias)
 
 
+def _onednn_packed(weight: Tensor) -> Tensor:
+    """oneDNN's prepacked copy of ``weight`` (O, I), made once while the weight is unchanged."""
+    return packed_weights.get(weight, "onednn", _REORDER)
+
+
 def _transposed(weight: Tensor) -> Tensor:
     return weight.t().contiguous()  # (I, O)
 
@@ -246,5 +254,4 @@ def small_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         transposed = packed_weights.get(weight, "transposed", _transposed)  # (I, O)
         out = torch.mm(flat, transposed) if bias is None else torch.addmm(bias, flat, transposed)
         return out.view(*x.shape[:-1], weight.shape[0])  # (…, O)
-    packed = packed_weights.get(weight, "onednn", _REORDER)
-    return _LINEAR_POINTWISE(x, packed, bias, "none", [], "")
+    return _LINEAR_POINTWISE(x, _onednn_packed(weight), bias, "none", [], "")

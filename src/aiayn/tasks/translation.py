@@ -34,9 +34,9 @@ def translation_loss(model: nn.Module, source: torch.Tensor, decoder_input: torc
     No target padding mask: under the causal mask real queries never see the right padding, and
     padded positions are ignored by the loss, so SDPA can take its is_causal path. A plain
     ``Transformer`` (not wrapped by DDP/FSDP/torch.compile and not compiled in place: their forward
-    must run) projects and
-    scores the hidden states in row chunks (``aiayn.training.linear_cross_entropy``), never
-    materialising the (B * T, V) logits; the value and gradients are the same.
+    must run) projects and scores the hidden states in row chunks
+    (``aiayn.training.linear_cross_entropy``), never materialising the (B * T, V) logits; the value
+    and gradients are the same.
     """
     source_mask = source != PAD_ID  # (B, S)
     if source.device.type == "cpu" and bool(source_mask.all()):
