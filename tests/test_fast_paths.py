@@ -210,12 +210,27 @@ class _RepeatingCache:
         self.inner.reorder(index)  # plain cache: cross rows follow the rows, as before the change
 
 
-needs_onednn = pytest.mark.skipif(not inference_linear.enabled, reason="no oneDNN linear here")
+needs_onednn = pytest.mark.skipif(inference_linear._LINEAR_POINTWISE is None,
+                                  reason="no oneDNN linear here")
+
+
+@pytest.fixture
+def large_rows_onednn(monkeypatch):
+    """The opt-in oneDNN path for many rows, switched on for one test."""
+    monkeypatch.setattr(inference_linear, "large_rows_onednn", True)
+
+
+def test_large_rows_onednn_is_opt_in():
+    layer = nn.Linear(24, 40)
+    x = torch.randn(2, inference_linear.MIN_ROWS, 24)
+    with torch.no_grad():
+        assert not inference_linear.uses_onednn(x, layer)
+        assert inference_linear.linear_activation(layer, x, "gelu") is None
 
 
 @needs_onednn
 @pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu"])
-def test_onednn_linear_with_fused_activation_equals_linear(activation):
+def test_onednn_linear_with_fused_activation_equals_linear(activation, large_rows_onednn):
     torch.manual_seed(0)
     layer = nn.Linear(24, 40)
     x = torch.randn(2, inference_linear.MIN_ROWS, 24)  # enough rows for the oneDNN path
@@ -233,7 +248,7 @@ def test_onednn_linear_with_fused_activation_equals_linear(activation):
 
 
 @needs_onednn
-def test_models_with_onednn_inference_equal_the_plain_path(monkeypatch):
+def test_models_with_onednn_inference_equal_the_plain_path(monkeypatch, large_rows_onednn):
     torch.manual_seed(0)
     encoder = TransformerEncoder(TransformerConfig.preset("tiny", activation="gelu")).eval()
     seq2seq = Transformer(TransformerConfig.preset("tiny")).eval()
@@ -242,7 +257,7 @@ def test_models_with_onednn_inference_equal_the_plain_path(monkeypatch):
     mask[1, 40:] = False
     with torch.no_grad():
         fast = [encoder(ids, padding_mask=mask), seq2seq(ids, ids[:, :55], src_padding_mask=mask)]
-        monkeypatch.setattr(inference_linear, "enabled", False)
+        monkeypatch.setattr(inference_linear, "large_rows_onednn", False)
         plain = [encoder(ids, padding_mask=mask), seq2seq(ids, ids[:, :55], src_padding_mask=mask)]
     for a, b in zip(fast, plain):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
@@ -279,3 +294,20 @@ def test_fused_projection_split_equals_permute_unbind(cross):
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     for got_grad, expected_grad in zip(got_grads, expected_grads):
         torch.testing.assert_close(got_grad, expected_grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("rows", [1, 8, 300])  # one-row split, packed few rows, many rows
+def test_feedforward_in_place_activation_at_inference_equals_autograd_path(activation, rows):
+    """Without autograd the activation overwrites the product; values equal the recorded path's."""
+    torch.manual_seed(0)
+    feedforward = FeedForward(16, 48, activation=activation).eval()
+    x = torch.randn(rows, 1, 16)
+    expected = feedforward(x)  # autograd on: the out-of-place activation
+    assert expected.requires_grad
+    before = x.clone()
+    with torch.no_grad():
+        torch.testing.assert_close(feedforward(x), expected.detach(), rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        torch.testing.assert_close(feedforward(x), expected.detach(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(x, before)  # the input is never overwritten

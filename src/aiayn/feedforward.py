@@ -8,6 +8,7 @@ Legend: B batch, T length, D model width, F inner width (d_ff).
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -19,6 +20,15 @@ ACTIVATION_FUNCTIONS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
+}
+
+# The same functions overwriting their input: at inference the product they follow is a fresh tensor,
+# so the (B, T, F) activation needs no second buffer.
+IN_PLACE_ACTIVATIONS = {
+    "relu": torch.relu_,
+    "gelu": torch._C._nn.gelu_,
+    "gelu_tanh": lambda x: torch._C._nn.gelu_(x, approximate="tanh"),
+    "silu": torch._C._nn.silu_,
 }
 
 
@@ -39,6 +49,7 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.activation = activation_function(activation)
+        self.activation_in_place = IN_PLACE_ACTIVATIONS[activation]
         self.activation_name = activation
         self.dropout = nn.Dropout(dropout)
 
@@ -46,5 +57,8 @@ class FeedForward(nn.Module):
         # Inference on CPU: one oneDNN pass for the product and the activation (aiayn.inference_linear).
         hidden = linear_activation(self.linear1, x, self.activation_name)
         if hidden is None:
-            hidden = self.activation(linear(self.linear1, x))  # (B, T, F)
+            hidden = linear(self.linear1, x)  # (B, T, F)
+            # Nothing to differentiate: overwrite the fresh product instead of allocating another.
+            hidden = (self.activation(hidden) if torch.is_grad_enabled()
+                      else self.activation_in_place(hidden))
         return linear(self.linear2, apply_dropout(self.dropout, hidden))

@@ -1,13 +1,16 @@
-"""Linear layers at inference on CPU through oneDNN, with the FFN's activation fused in.
+"""Linear layers at inference on CPU: derived weights for decoding steps, and an opt-in oneDNN path.
 
 ``nn.Linear`` on CPU runs MKL's GEMM and then, for the FFN, a separate pass for the activation. With no
-gradient to record (``torch.no_grad`` / ``torch.inference_mode``), large products go through oneDNN's
-``linear`` instead (``torch.ops.mkldnn._linear_pointwise``, the kernel ``torch.compile``'s CPU backend
-emits), which also applies ReLU / GELU / SiLU in the same pass over the output. Measured on the
-benchmark machine (AMD EPYC, fp32, 1 thread, all-MiniLM shapes, 4096 rows): 384 -> 1152 317 -> 287 ms,
-384 -> 1536 401 -> 368 ms plus the GELU pass (66 ms) saved, 1536 -> 384 413 -> 392 ms. For a few rows
-(decoding) oneDNN is slower without prepacked weights, so below ``MIN_ROWS`` rows, under autograd, off
-CPU, outside float32, or where the operator is missing, this is exactly ``nn.Linear``.
+gradient to record (``torch.no_grad`` / ``torch.inference_mode``), ``large_rows_onednn = True`` sends
+large products through oneDNN's ``linear`` instead (``torch.ops.mkldnn._linear_pointwise``, the kernel
+``torch.compile``'s CPU backend emits), which also applies ReLU / GELU / SiLU in the same pass over the
+output. It is off by default because which library wins depends on the CPU: on an AMD EPYC Zen 1
+(fp32, 1 thread, all-MiniLM shapes, 4096 rows) oneDNN won, 384 -> 1152 317 -> 287 ms, 384 -> 1536
+401 -> 368 ms plus the GELU pass (66 ms) saved, 1536 -> 384 413 -> 392 ms; on an AMD EPYC Zen 3 (2
+threads, same shapes) it lost, 13-24 % slower unfused and 2-38 % slower with GELU fused, and a whole
+encoder forward took 742 instead of 658 ms (docs/performance.md). Without the switch, and whatever it
+says below ``MIN_ROWS`` rows, under autograd, off CPU, outside float32, or where the operator is
+missing, a product of many rows is exactly ``nn.Linear``.
 
 Decoding steps multiply a handful of rows (batch x beams) by the same weights step after step. There
 a derived copy of the weight is made once and reused while the weight is unchanged (``PackedWeights``):
@@ -69,13 +72,14 @@ def _onednn_linear():
 
 
 _LINEAR_POINTWISE = _onednn_linear()
-enabled = _LINEAR_POINTWISE is not None  # module switch (tests and A/B benchmarks turn it off)
+# Opt-in: large products through oneDNN (faster on some CPUs, slower on others; see the docstring).
+large_rows_onednn = False
 
 
 def uses_onednn(x: Tensor, layer: nn.Linear) -> bool:
     """Whether ``linear`` would take the oneDNN path for input ``x`` (…, I)."""
     # Cheapest test first: a decoding step (few rows) leaves after one comparison.
-    return (enabled and x.numel() >= MIN_ROWS * x.shape[-1] and not torch.is_grad_enabled()
+    return (large_rows_onednn and _LINEAR_POINTWISE is not None and x.numel() >= MIN_ROWS * x.shape[-1] and not torch.is_grad_enabled()
             and x.device.type == "cpu" and x.dtype == torch.float32
             and layer.weight.dtype == torch.float32)
 
