@@ -311,3 +311,17 @@ def test_feedforward_in_place_activation_at_inference_equals_autograd_path(activ
     with torch.inference_mode():
         torch.testing.assert_close(feedforward(x), expected.detach(), rtol=1e-5, atol=1e-5)
     assert torch.equal(x, before)  # the input is never overwritten
+
+
+def test_feedforward_keeps_a_hooked_product_unchanged():
+    """A forward hook on the first linear layer sees the product before the activation, at inference
+    too (the in-place activation is skipped while a hook may hold the tensor)."""
+    torch.manual_seed(0)
+    feedforward = FeedForward(16, 48, activation="gelu").eval()
+    seen = []
+    handle = feedforward.linear1.register_forward_hook(lambda module, args, out: seen.append(out))
+    x = torch.randn(300, 1, 16)
+    with torch.no_grad():
+        feedforward(x)
+    handle.remove()
+    torch.testing.assert_close(seen[0], feedforward.linear1(x).detach())

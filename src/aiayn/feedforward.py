@@ -58,7 +58,9 @@ class FeedForward(nn.Module):
         hidden = linear_activation(self.linear1, x, self.activation_name)
         if hidden is None:
             hidden = linear(self.linear1, x)  # (B, T, F)
-            # Nothing to differentiate: overwrite the fresh product instead of allocating another.
-            hidden = (self.activation(hidden) if torch.is_grad_enabled()
-                      else self.activation_in_place(hidden))
+            # Nothing to differentiate and no hook holding the product: overwrite it in place
+            # instead of allocating a second (B, T, F) buffer.
+            in_place = not (torch.is_grad_enabled() or self.linear1._forward_hooks
+                            or nn.modules.module._global_forward_hooks)
+            hidden = self.activation_in_place(hidden) if in_place else self.activation(hidden)
         return linear(self.linear2, apply_dropout(self.dropout, hidden))
