@@ -51,6 +51,25 @@ def test_value_and_gradients_equal_the_plain_path(smoothing, with_bias, chunk):
     assert not fused[0].grad[targets == -100].any()  # ignored rows get no gradient
 
 
+@pytest.mark.parametrize("scale", [30.0, 300.0])  # logits in the hundreds / thousands
+def test_large_logits_stay_finite_and_match_a_float64_reference(scale):
+    """exp(z - max) never overflows, and saturated softmaxes keep their loss and gradients: checked
+    against the plain path in float64 (the float32 plain path itself is off by 6e-5 at scale 300)."""
+    hidden, weight, _, targets = _inputs()
+    hidden = hidden * scale
+    reference = [t.double().requires_grad_() for t in (hidden, weight)]
+    fused = [t.clone().requires_grad_() for t in (hidden, weight)]
+    expected = label_smoothed_cross_entropy(F.linear(*reference), targets, smoothing=0.1)
+    expected.backward()
+    got = linear_cross_entropy(*fused, targets, smoothing=0.1, chunk=8)
+    got.backward()
+    assert torch.isfinite(got) and torch.isfinite(fused[0].grad).all()
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=0)
+    torch.testing.assert_close(fused[0].grad.double(), reference[0].grad, rtol=0, atol=1e-5)
+    # the weight gradient sums hidden states of size ~scale: its rounding grows with them
+    torch.testing.assert_close(fused[1].grad.double(), reference[1].grad, rtol=0, atol=2e-6 * scale)
+
+
 def test_tied_weight_accumulates_both_gradients():
     """A weight used by an embedding and by the loss gets the sum of both gradients."""
     hidden, weight, _, targets = _inputs()

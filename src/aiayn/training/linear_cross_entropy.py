@@ -22,8 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from aiayn.training.loss import (label_smoothed_cross_entropy, smoothed_nll_gradient,
-                                 summed_smoothed_nll)
+from aiayn.training.loss import label_smoothed_cross_entropy
 
 DEFAULT_CHUNK = 1024  # rows per chunk: (1024, 8192) float32 logits = 32 MiB; big enough for GEMM speed
 
@@ -42,15 +41,30 @@ class _LinearCrossEntropy(torch.autograd.Function):
             y = targets[begin: begin + chunk]  # (C,)
             logits = (torch.mm(h, weight.t()) if bias is None
                       else torch.addmm(bias, h, weight.t()))  # (C, V)
-            logits = logits.float()
+            logits = logits.float()  # (C, V): the chunk's own buffer, overwritten below
             keep = y != ignore_index  # (C,)
             safe = y.masked_fill(~keep, 0)  # (C,)
-            log_z = torch.logsumexp(logits, dim=-1)  # (C,)
-            total += summed_smoothed_nll(logits, log_z, safe, keep, smoothing)
+            # log Z = max + log sum exp(z - max), with exp(z - max) written over the logits: that
+            # buffer is then also the unnormalised softmax the gradient needs (no second exp pass,
+            # no (C, V) temporary; torch.logsumexp allocates one).
+            peak = logits.amax(dim=-1, keepdim=True)  # (C, 1)
+            nll = -logits.gather(1, safe.unsqueeze(1)).squeeze(1)  # (C,) -z[y]
+            uniform = -logits.mean(dim=-1) if smoothing > 0.0 else None  # (C,) -mean_v z[v]
+            exps = logits.sub_(peak).exp_()  # (C, V)
+            sums = exps.sum(dim=-1, keepdim=True)  # (C, 1)
+            log_z = (peak + sums.log()).squeeze(1)  # (C,)
+            nll = log_z + nll
+            if smoothing > 0.0:
+                nll = (1.0 - smoothing) * nll + smoothing * (log_z + uniform)
+            total += nll.masked_fill(~keep, 0.0).sum()
             if not need_grad:
                 continue
-            # The chunk's logits buffer becomes their gradient (no host sync, no extra buffer).
-            grad = smoothed_nll_gradient(logits, log_z, safe, keep, smoothing, in_place=True)
+            # softmax - (1 - eps) onehot(y) - eps / V on kept rows, zero on ignored ones, in place.
+            kept = keep.to(exps.dtype).unsqueeze(1)  # (C, 1)
+            grad = exps.mul_(kept / sums)
+            if smoothing > 0.0:
+                grad.sub_(kept * (smoothing / grad.shape[-1]))
+            grad.scatter_add_(1, safe.unsqueeze(1), kept * -(1.0 - smoothing))
             grad = grad.to(hidden.dtype)
             torch.mm(grad, weight, out=grad_hidden[begin: begin + chunk])  # (C, D)
             grad_weight.addmm_(grad.t(), h)  # (V, D) += (V, C) @ (C, D)
