@@ -243,3 +243,44 @@ def test_wordpiece_tokenizer_trains_saves_and_loads(tmp_path):
     write(tmp_path / "bad.json", "{}")
     with pytest.raises(ValueError, match="not a tokenizer file"):
         WordPieceTokenizer.load(tmp_path / "bad.json")
+
+
+def test_wordpiece_vocabulary_is_the_same_in_every_process(tmp_path):
+    """Hugging Face's WordPieceTrainer gave a different vocabulary in each process (hash-map order);
+    the same texts must give the same tokenizer file, whatever the process."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from aiayn.data.wordpiece import WordPieceTokenizer\n"
+        "texts = [line.split('\\t')[0] for line in open(sys.argv[1], encoding='utf-8')]\n"
+        "WordPieceTokenizer.train(texts, vocab_size=300).save(sys.argv[2])\n")
+    corpus = tmp_path / "texts.tsv"
+    corpus.write_text("".join(
+        f"{' '.join(words)}\n" for words in
+        [("network", "socket", "http", "server"), ("audio", "music", "player", "mixer"),
+         ("game", "player", "level", "puzzle"), ("chess", "card", "board", "score"),
+         ("proxy", "download", "packet", "route"), ("synth", "midi", "speaker", "volume")] * 15),
+        encoding="utf-8")
+    files = []
+    for run in range(3):
+        out = tmp_path / f"tokenizer{run}.json"
+        subprocess.run([sys.executable, "-c", script, str(corpus), str(out)], check=True,
+                       env={**__import__("os").environ, "PYTHONHASHSEED": str(run)})
+        files.append(out.read_bytes())
+    assert files[0] == files[1] == files[2]
+
+
+def test_wordpiece_spells_every_word_of_seen_characters_and_keeps_the_word_starts():
+    texts = ["network socket http server", "audio music player", "game level puzzle"] * 10
+    tokenizer = WordPieceTokenizer.train(texts, vocab_size=60)
+    vocabulary = tokenizer._tokenizer.get_vocab()
+    for character in set("".join(texts)) - {" "}:
+        assert character in vocabulary and "##" + character in vocabulary
+    assert not any(token.startswith("\u2581") or token == "##" for token in vocabulary)
+    ids = tokenizer.encode(["zebra", "puzzles on a server", "sound"], max_length=32)
+    assert tokenizer.unk_id not in ids[1]  # unseen word, seen characters: spelled, not [UNK]
+    assert tokenizer.decode(ids[1]) == "puzzles on a server"
+    assert ids[0] == [tokenizer.cls_id, tokenizer.unk_id, tokenizer.sep_id]  # no 'b' in the texts
+    assert tokenizer.encode(["[MASK] level"], max_length=8)[0][1] == tokenizer.mask_id

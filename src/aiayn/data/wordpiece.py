@@ -16,6 +16,30 @@ from typing import Any
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 TOKENIZER_FILE = "tokenizer.json"
+WORD_START = "\u2581"  # marks a word's first piece while the vocabulary is learned (SentencePiece's)
+
+
+def wordpiece_vocabulary(bpe_vocabulary: dict[str, int]) -> dict[str, int]:
+    """WordPiece token -> id from a BPE vocabulary learned on words marked with ``WORD_START``.
+
+    Special tokens first, then the BPE pieces in BPE id order: "\u2581x" -> "x" (starts a word), "x" ->
+    "##x" (continues one). Every single character gets both forms, as WordPiece's own alphabet does, so
+    any word made of seen characters can be spelled (WordPiece turns a word it cannot spell into [UNK]).
+    """
+    vocabulary = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+    for piece, _ in sorted(bpe_vocabulary.items(), key=lambda item: item[1]):
+        if piece in vocabulary:
+            continue
+        if piece.startswith(WORD_START):
+            forms = [piece[len(WORD_START):]]
+        elif len(piece) == 1:
+            forms = [piece, "##" + piece]
+        else:
+            forms = ["##" + piece]
+        for form in forms:
+            if form:
+                vocabulary.setdefault(form, len(vocabulary))
+    return vocabulary
 
 
 class WordPieceTokenizer:
@@ -51,6 +75,11 @@ class WordPieceTokenizer:
               min_frequency: int = 2) -> "WordPieceTokenizer":
         """Learn a WordPiece vocabulary (BERT normalisation and pre-tokenisation) from ``texts``.
 
+        The same texts give the same vocabulary in every process. ``vocab_size`` is the size of the
+        BPE vocabulary it is made from; the result can be a little larger, as every character seen
+        gets both its word-start and its "##" continuing form (so a word of seen characters is never
+        [UNK]).
+
         Raises:
             ValueError: ``vocab_size`` too small for the special tokens.
         """
@@ -59,14 +88,25 @@ class WordPieceTokenizer:
         if vocab_size < len(SPECIAL_TOKENS) + 1:
             raise ValueError(f"vocab_size must be at least {len(SPECIAL_TOKENS) + 1}, got "
                              f"{vocab_size}")
-        tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
-        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        # Hugging Face's WordPieceTrainer (BPE with a "##" prefix on continuing pieces) numbers its
+        # "##" alphabet in hash-map order, which changes from process to process, and breaks merge
+        # ties by those numbers: the same texts gave different vocabularies, so the same --seed gave
+        # different models. Plain BPE over words whose start is marked is deterministic, and its
+        # pieces map one to one onto WordPiece's: a marked piece starts a word, any other continues one.
+        bpe = Tokenizer(models.BPE(unk_token=UNK))
+        bpe.normalizer = normalizer
+        bpe.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.BertPreTokenizer(),
+            pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always")])
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                      special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+        bpe.train_from_iterator(texts, trainer=trainer)
+        tokenizer = Tokenizer(models.WordPiece(wordpiece_vocabulary(bpe.get_vocab()), unk_token=UNK))
+        tokenizer.normalizer = normalizer
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tokenizer.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                            special_tokens=list(SPECIAL_TOKENS),
-                                            show_progress=False)
-        tokenizer.train_from_iterator(texts, trainer=trainer)
+        tokenizer.add_special_tokens(list(SPECIAL_TOKENS))  # already in the vocabulary: same ids
         return cls(tokenizer, source="trained tokenizer")
 
     @classmethod
