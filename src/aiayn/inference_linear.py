@@ -85,28 +85,42 @@ def uses_onednn(x: Tensor, layer: nn.Linear) -> bool:
 
 
 def linear(layer: nn.Linear, x: Tensor) -> Tensor:
-    """``layer(x)``: (…, I) -> (…, O), through oneDNN when ``uses_onednn``, through the layer's packed
-    weight when ``uses_packed_layer``."""
-    if uses_onednn(x, layer):
-        return _LINEAR_POINTWISE(x, layer.weight, layer.bias, "none", [], "")
-    if uses_packed_layer(x, layer):
-        return _LINEAR_POINTWISE(x, _onednn_packed(layer.weight), layer.bias, "none", [], "")
-    parts = split_gemv_parts(x, layer.weight)
-    if parts > 1:
-        return split_gemv(x, layer.weight, layer.bias, parts)
+    """``layer(x)``: (…, I) -> (…, O); without autograd, one row through ``split_gemv``, 2..SMALL_ROWS
+    rows through the layer's packed weight (``uses_packed_layer``), many rows through oneDNN when
+    ``uses_onednn``."""
+    # Decoding calls this ~100 times a token: the weight is fetched once (a module attribute lookup
+    # costs as much as a small operator) and only the tests of the row count at hand run.
+    if torch.is_grad_enabled():
+        return layer(x)
+    weight = layer.weight
+    rows = x.numel() // x.shape[-1]
+    if rows == 1:
+        parts = split_gemv_parts(x, weight)
+        if parts > 1:
+            return split_gemv(x, weight, layer.bias, parts)
+    elif 1 < rows <= SMALL_ROWS:
+        if _packs_layer(x, weight):
+            return _LINEAR_POINTWISE(x, _onednn_packed(weight), layer.bias, "none", [], "")
+    elif uses_onednn(x, layer):
+        return _LINEAR_POINTWISE(x, weight, layer.bias, "none", [], "")
     return layer(x)
 
 
 def linear_activation(layer: nn.Linear, x: Tensor, activation: str) -> Tensor | None:
     """``activation(layer(x))`` in one oneDNN call, or None when that path does not apply (the caller
     then runs its plain code). ``activation`` names an ``aiayn.feedforward`` activation."""
+    if torch.is_grad_enabled():
+        return None
     fused = FUSED_ACTIVATIONS.get(activation)
     if fused is None:
         return None
-    if uses_onednn(x, layer):
-        return _LINEAR_POINTWISE(x, layer.weight, layer.bias, fused[0], [], fused[1])
-    if uses_packed_layer(x, layer):
-        return _LINEAR_POINTWISE(x, _onednn_packed(layer.weight), layer.bias, fused[0], [], fused[1])
+    weight = layer.weight
+    rows = x.numel() // x.shape[-1]
+    if 1 < rows <= SMALL_ROWS:
+        if _packs_layer(x, weight):
+            return _LINEAR_POINTWISE(x, _onednn_packed(weight), layer.bias, fused[0], [], fused[1])
+    elif rows > SMALL_ROWS and uses_onednn(x, layer):
+        return _LINEAR_POINTWISE(x, weight, layer.bias, fused[0], [], fused[1])
     return None
 
 
@@ -186,12 +200,15 @@ def uses_packed_layer(x: Tensor, layer: nn.Linear) -> bool:
     autograd, CPU float32, and a weight whose changes can be seen (not an inference tensor, which has
     no version counter). A prompt's prefill (N, T > 1, I) keeps ``linear``: the copy pays off only
     over many steps, and a batch-1 generation never multiplies more than one row after it."""
-    rows = x.numel() // x.shape[-1]
-    return (packed_layers_enabled and 1 < rows <= SMALL_ROWS and (x.dim() < 3 or x.shape[-2] == 1)
-            and small_rows_enabled
+    return 1 < x.numel() // x.shape[-1] <= SMALL_ROWS and _packs_layer(x, layer.weight)
+
+
+def _packs_layer(x: Tensor, weight: Tensor) -> bool:
+    """``uses_packed_layer`` once the row count is known to be 2..SMALL_ROWS."""
+    return (packed_layers_enabled and small_rows_enabled and (x.dim() < 3 or x.shape[-2] == 1)
             and _REORDER is not None and not torch.is_grad_enabled() and x.device.type == "cpu"
-            and x.dtype == torch.float32 and layer.weight.dtype == torch.float32
-            and not layer.weight.is_inference() and not torch.compiler.is_compiling())
+            and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and not weight.is_inference() and not torch.compiler.is_compiling())
 
 
 split_gemv_enabled = True  # module switch: one-row products split across threads
