@@ -79,7 +79,8 @@ large_rows_onednn = False
 def uses_onednn(x: Tensor, layer: nn.Linear) -> bool:
     """Whether ``linear`` would take the oneDNN path for input ``x`` (…, I)."""
     # Cheapest test first: a decoding step (few rows) leaves after one comparison.
-    return (large_rows_onednn and _LINEAR_POINTWISE is not None and x.numel() >= MIN_ROWS * x.shape[-1] and not torch.is_grad_enabled()
+    return (large_rows_onednn and _LINEAR_POINTWISE is not None
+            and x.numel() >= MIN_ROWS * x.shape[-1] and not torch.is_grad_enabled()
             and x.device.type == "cpu" and x.dtype == torch.float32
             and layer.weight.dtype == torch.float32)
 

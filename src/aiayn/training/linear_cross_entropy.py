@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from aiayn.training.loss import label_smoothed_cross_entropy
+from aiayn.training.loss import (label_smoothed_cross_entropy, smoothed_nll_of_rows,
+                                 subtract_smoothed_targets)
 
 DEFAULT_CHUNK = 1024  # rows per chunk: (1024, 8192) float32 logits = 32 MiB; big enough for GEMM speed
 
@@ -48,23 +49,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # buffer is then also the unnormalised softmax the gradient needs (no second exp pass,
             # no (C, V) temporary; torch.logsumexp allocates one).
             peak = logits.amax(dim=-1, keepdim=True)  # (C, 1)
-            nll = -logits.gather(1, safe.unsqueeze(1)).squeeze(1)  # (C,) -z[y]
-            uniform = -logits.mean(dim=-1) if smoothing > 0.0 else None  # (C,) -mean_v z[v]
+            target_logits = logits.gather(1, safe.unsqueeze(1)).squeeze(1)  # (C,)
+            mean_logits = logits.mean(dim=-1) if smoothing > 0.0 else None  # (C,)
             exps = logits.sub_(peak).exp_()  # (C, V)
             sums = exps.sum(dim=-1, keepdim=True)  # (C, 1)
             log_z = (peak + sums.log()).squeeze(1)  # (C,)
-            nll = log_z + nll
-            if smoothing > 0.0:
-                nll = (1.0 - smoothing) * nll + smoothing * (log_z + uniform)
-            total += nll.masked_fill(~keep, 0.0).sum()
+            total += smoothed_nll_of_rows(log_z, target_logits, mean_logits, keep, smoothing)
             if not need_grad:
                 continue
-            # softmax - (1 - eps) onehot(y) - eps / V on kept rows, zero on ignored ones, in place.
+            # The softmax on kept rows (zero on ignored ones), in place, then the targets' part.
             kept = keep.to(exps.dtype).unsqueeze(1)  # (C, 1)
-            grad = exps.mul_(kept / sums)
-            if smoothing > 0.0:
-                grad.sub_(kept * (smoothing / grad.shape[-1]))
-            grad.scatter_add_(1, safe.unsqueeze(1), kept * -(1.0 - smoothing))
+            grad = subtract_smoothed_targets(exps.mul_(kept / sums), safe, keep, smoothing)
             grad = grad.to(hidden.dtype)
             torch.mm(grad, weight, out=grad_hidden[begin: begin + chunk])  # (C, D)
             grad_weight.addmm_(grad.t(), h)  # (V, D) += (V, C) @ (C, D)

@@ -77,25 +77,40 @@ def summed_smoothed_nll(logits: Tensor, log_normaliser: Tensor, targets: Tensor,
                         smoothing: float) -> Tensor:
     """The loss of rows whose tokens are all possible, from the logits and their log-normaliser.
 
-    log p[v] = z[v] - lse, so per row nll = lse - z[y] and the uniform term is lse - mean_v z[v];
     logits (N, V), log_normaliser (N,) = logsumexp, targets (N,) valid ids, keep (N,) rows counted."""
-    nll = log_normaliser - logits.gather(1, targets.unsqueeze(1)).squeeze(1)  # (N,)
+    target_logits = logits.gather(1, targets.unsqueeze(1)).squeeze(1)  # (N,)
+    mean_logits = logits.mean(dim=-1) if smoothing > 0.0 else None  # (N,)
+    return smoothed_nll_of_rows(log_normaliser, target_logits, mean_logits, keep, smoothing)
+
+
+def smoothed_nll_of_rows(log_normaliser: Tensor, target_logits: Tensor, mean_logits: Tensor | None,
+                         keep: Tensor, smoothing: float) -> Tensor:
+    """``summed_smoothed_nll`` from per-row numbers, all (N,): log Z, z[y] and (with smoothing)
+    mean_v z[v]. log p[v] = z[v] - log Z, so nll = log Z - z[y] and the uniform term is
+    log Z - mean_v z[v]."""
+    nll = log_normaliser - target_logits
     if smoothing > 0.0:
-        nll = (1.0 - smoothing) * nll + smoothing * (log_normaliser - logits.mean(dim=-1))
+        nll = (1.0 - smoothing) * nll + smoothing * (log_normaliser - mean_logits)
     return nll.masked_fill(~keep, 0.0).sum()
 
 
 def smoothed_nll_gradient(logits: Tensor, log_normaliser: Tensor, targets: Tensor, keep: Tensor,
-                          smoothing: float, *, in_place: bool) -> Tensor:
+                          smoothing: float) -> Tensor:
     """d summed_smoothed_nll / d logits (N, V): softmax - (1 - eps) onehot(y) - eps / V on kept rows,
-    zero on the others; with ``in_place`` written over ``logits`` (a buffer the caller owns)."""
+    zero on the others."""
     # An ignored row gets log Z = +inf: its softmax is exp(-inf) = 0 without a masking pass.
     shifted = log_normaliser.masked_fill(~keep, float("inf")).unsqueeze(1)  # (N, 1)
-    grad = (logits.sub_(shifted) if in_place else logits - shifted).exp_()  # (N, V)
-    kept = keep.to(grad.dtype).unsqueeze(1)  # (N, 1)
+    return subtract_smoothed_targets((logits - shifted).exp_(), targets, keep, smoothing)
+
+
+def subtract_smoothed_targets(probabilities: Tensor, targets: Tensor, keep: Tensor,
+                              smoothing: float) -> Tensor:
+    """The gradient of ``summed_smoothed_nll`` from the softmax (N, V) (zero on ignored rows), in
+    place: minus (1 - eps) at each target and eps / V everywhere, on the kept rows."""
+    kept = keep.to(probabilities.dtype).unsqueeze(1)  # (N, 1)
     if smoothing > 0.0:
-        grad.sub_(kept * (smoothing / grad.shape[-1]))
-    return grad.scatter_add_(1, targets.unsqueeze(1), kept * -(1.0 - smoothing))
+        probabilities.sub_(kept * (smoothing / probabilities.shape[-1]))
+    return probabilities.scatter_add_(1, targets.unsqueeze(1), kept * -(1.0 - smoothing))
 
 
 class _FusedLabelSmoothedLoss(torch.autograd.Function):
@@ -111,6 +126,5 @@ class _FusedLabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         logits, targets, keep, log_normaliser = ctx.saved_tensors
-        grad = smoothed_nll_gradient(logits, log_normaliser, targets, keep, ctx.smoothing,
-                                     in_place=False)
+        grad = smoothed_nll_gradient(logits, log_normaliser, targets, keep, ctx.smoothing)
         return grad.mul_(grad_output), None, None, None, None
