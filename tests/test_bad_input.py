@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from aiayn import CausalLM, SequenceClassifier, Transformer, TransformerConfig, TransformerEncoder
+from aiayn.commands.train import non_negative_int, positive_int
 from aiayn.cli import build_parser, main
 
 TINY = TransformerConfig.preset("tiny")  # vocab 100, d_model 32, 4 heads, max_length 64
@@ -282,7 +283,13 @@ cli("data-classify-stdin-not-utf8",
     "stdin, line 2: not UTF-8")
 cli("data-translate-beam-zero",
     lambda c: stdin(c, b"the cat\n", ["translate", str(c.run("translation")), "--beam", "0"]),
-    "--beam must be at least 1")
+    "argument --beam: must be a positive integer, got '0'", code=2)
+cli("data-evaluate-beam-zero",
+    lambda c: ["evaluate", str(c.run("translation")), "--data", str(c.tmp / "any.tsv"), "--beam",
+               "-1"], "argument --beam: must be a positive integer, got '-1'", code=2)
+cli("data-classify-top-zero",
+    lambda c: stdin(c, b"http server\n", ["classify", str(c.run("classification")), "--top", "0"]),
+    "argument --top: must be a positive integer, got '0'", code=2)
 cli("data-translation-evaluate-bad-file",
     lambda c: ["evaluate", str(c.run("translation")), "--data",
                str(c.file("f.tsv", "a b\tc d\nno tab\n"))], "f.tsv:2")
@@ -605,6 +612,8 @@ def nonsense(parser: argparse.ArgumentParser) -> tuple[list[str], str]:
     for action in parser._actions:
         if action.option_strings and action.type in (int, float):
             return [action.option_strings[0], "zillion"], f"invalid {action.type.__name__} value"
+        if action.option_strings and action.type in (positive_int, non_negative_int):
+            return [action.option_strings[0], "zillion"], "integer, got 'zillion'"
     for action in parser._actions:
         if action.option_strings and action.choices:
             return [action.option_strings[0], "zillion"], "invalid choice: 'zillion'"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aiayn.commands.train import positive_int
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -20,8 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run of 'aiayn train classification'")
     parser.add_argument("--text", action="append", dest="texts", default=[], metavar="TEXT",
                         help="a text to classify (repeatable; default: stdin lines)")
-    parser.add_argument("--top", type=int, default=1, help="labels printed per text")
-    parser.add_argument("--batch-size", type=int, default=64, help="stdin lines per batch")
+    parser.add_argument("--top", type=positive_int, default=1, help="labels printed per text")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="stdin lines per batch")
     parser.add_argument("--device", default="cpu")
     parser.set_defaults(run=run)
 
@@ -31,8 +33,6 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.tasks.classification import predict_probabilities
     from aiayn.training.run import load_run
 
-    if args.top < 1 or args.batch_size < 1:
-        raise ValueError("--top and --batch-size must be positive")
     classifier = load_run(args.run_dir, task="classification")
     assets = classifier.assets
     classifier.model.to(args.device)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from aiayn.commands.train import positive_int
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -22,12 +24,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "source and a target file)")
     parser.add_argument("--split", default="test",
                         help="rows of this split when the data has a split column ('all': all)")
-    parser.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
+    parser.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, default=0.6, help="length penalty (GNMT)")
-    parser.add_argument("--max-tokens", type=int, default=4000, help="tokens per decoding batch")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N examples")
+    parser.add_argument("--max-tokens", type=positive_int, default=4000,
+                        help="tokens per decoding batch")
+    parser.add_argument("--limit", type=positive_int, default=None,
+                        help="only the first N examples")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--output", default=None, metavar="PATH",
                         help="also write the model outputs (one a line) here")
     parser.set_defaults(run=run)

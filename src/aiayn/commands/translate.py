@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aiayn.commands.train import positive_int
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -14,13 +16,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by "
                                                            "'aiayn train translation'")
-    parser.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
+    parser.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty exponent")
-    parser.add_argument("--max-tokens", type=int, default=4000, help="tokens per decoding batch")
-    parser.add_argument("--batch-lines", type=int, default=256,
+    parser.add_argument("--max-tokens", type=positive_int, default=4000,
+                        help="tokens per decoding batch")
+    parser.add_argument("--batch-lines", type=positive_int, default=256,
                         help="lines read before translating (bounds memory on long inputs)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.set_defaults(run=run)
 
 
@@ -32,8 +35,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.beam < 1:
-        raise ValueError(f"--beam must be at least 1, got {args.beam}")
     run_ = load_run(args.run_dir, task="translation")
     model = run_.model.to(args.device)
     lines: list[str] = []
