@@ -28,13 +28,21 @@ SUITES = ("lm_train", "seq2seq_train", "generation", "encoder_inference")
 
 
 def cpu_name() -> str:
+    """The CPU as /proc/cpuinfo names it, with its family and model: "AMD EPYC" alone has covered
+    machines whose ratios differ (Zen 1 and Zen 3, docs/performance.md)."""
+    fields: dict[str, str] = {}
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if not line.strip():  # the first processor is enough
+                break
     except OSError:
-        pass
-    return platform.processor() or "unknown"
+        return platform.processor() or "unknown"
+    name = fields.get("model name", platform.processor() or "unknown")
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name
 
 
 def table(rows: list[dict], peak: float) -> str:
