@@ -6,7 +6,9 @@
   tokens, 32 new tokens, no end-of-sentence (fixed length on both sides): new tokens/s per source.
 
 The aiayn side is ``aiayn.decoding`` when that package provides the function, else the plain loop over
-the static cache written below (``greedy_loop`` / ``beam_loop``).
+the static cache written below (``greedy_loop`` / ``beam_loop``); ``aiayn+compile`` is the same
+``generate`` with ``compile=True`` (each decoding step one ``torch.compile`` graph; the time of its
+first call, compilation included, is reported).
 
     python3 benchmarks/generation.py
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import torch
 
@@ -107,6 +110,10 @@ def build_greedy(which: list[str], batch: int) -> dict:
             else:
                 sides[name] = lambda model=model: _inference(lambda: torch.tensor(
                     library(model, prompt, max_new_tokens=NEW, greedy=True).tokens))
+        elif name == "aiayn+compile":  # each decoding step through torch.compile
+            model = aiayn_from_hf(hf).eval()
+            sides[name] = lambda model=model: _inference(lambda: torch.tensor(
+                library(model, prompt, max_new_tokens=NEW, greedy=True, compile=True).tokens))
         elif name == "aiayn-loop":
             model = aiayn_from_hf(hf).eval()
             sides[name] = lambda model=model: greedy_loop(model, prompt, NEW)[:, PROMPT:]
@@ -140,10 +147,16 @@ def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
     setup()
     rows = []
     for batch in (1, 8):
-        names = ["aiayn", "hf"] + (["aiayn-loop"] if _library_greedy() is not None else [])
+        names = ["aiayn", "hf"] + (["aiayn-loop", "aiayn+compile"] if _library_greedy() is not None
+                                   else [])
         sides = build_greedy(names, batch)
         reference = sides["hf"]()
-        same = {name: torch.equal(sides[name](), reference) for name in names if name != "hf"}
+        same, first_call = {}, {}
+        for name in names:
+            if name != "hf":
+                began = time.perf_counter()
+                same[name] = torch.equal(sides[name](), reference)
+                first_call[name] = time.perf_counter() - began  # compiles the step: "aiayn+compile"
         timing = alternate(sides, rounds=rounds, warmup=1)
         rss = ({name: peak_rss_subprocess("generation.py", name, ["--greedy-batch", str(batch)])
                 for name in ("aiayn", "hf")} if memory else {"aiayn": None, "hf": None})
@@ -155,7 +168,8 @@ def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
                              peer="hf-gpt2", metric="new tokens/s",
                              ours_value=batch * NEW / timing.median(ours),
                              peer_value=batch * NEW / timing.median("hf"), same_tokens=same[ours],
-                             ours_rss=rss.get(ours), peer_rss=rss["hf"]))
+                             ours_rss=rss.get(ours), peer_rss=rss["hf"],
+                             compile_s=first_call[ours] if ours == "aiayn+compile" else None))
     sides = build_beam(["aiayn", "hf"])
     same = torch.equal(sides["aiayn"](), sides["hf"]()[:, : BEAM_NEW + 1])
     timing = alternate(sides, rounds=rounds, warmup=1)

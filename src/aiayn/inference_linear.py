@@ -209,7 +209,7 @@ def _packs_layer(x: Tensor, weight: Tensor) -> bool:
     return (packed_layers_enabled and small_rows_enabled and (x.dim() < 3 or x.shape[-2] == 1)
             and _REORDER is not None and not torch.is_grad_enabled() and x.device.type == "cpu"
             and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and not weight.is_inference() and not torch.compiler.is_compiling())
+            and not torch.compiler.is_compiling() and not weight.is_inference())
 
 
 split_gemv_enabled = True  # module switch: one-row products split across threads
@@ -220,11 +220,23 @@ def split_gemv_parts(x: Tensor, weight: Tensor) -> int:
     ``weight`` (O, I): the thread count when it divides O, else 1 (the plain path)."""
     if not split_gemv_enabled or x.numel() != x.shape[-1] or torch.is_grad_enabled():
         return 1
-    parts = torch.get_num_threads()
+    parts = _thread_count()
     if (parts < 2 or weight.shape[0] % parts or x.device.type != "cpu" or x.dtype != torch.float32
-            or weight.dtype != torch.float32 or torch.compiler.is_compiling()):
+            or weight.dtype != torch.float32):
         return 1
     return parts
+
+
+_threads_seen = torch.get_num_threads()
+
+
+def _thread_count() -> int:
+    """``torch.get_num_threads()``; inside ``torch.compile`` (which cannot trace that call) the count
+    the last eager call saw, which the compiled graph then holds as a guarded constant."""
+    global _threads_seen
+    if not torch.compiler.is_compiling():
+        _threads_seen = torch.get_num_threads()
+    return _threads_seen
 
 
 def split_gemv(x: Tensor, weight: Tensor, bias: Tensor | None, parts: int) -> Tensor:
@@ -260,8 +272,8 @@ def uses_small_rows(x: Tensor, weight: Tensor) -> bool:
     rows = x.numel() // x.shape[-1]
     return ((rows == 1 or (1 < rows <= SMALL_ROWS and _REORDER is not None))
             and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and not weight.is_inference()
-            and not torch.compiler.is_compiling())
+            and weight.dtype == torch.float32 and not torch.compiler.is_compiling()
+            and not weight.is_inference())
 
 
 def small_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:

@@ -122,7 +122,7 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
              stop: StopTest | None = None, check_every: int = 8,
              generator: torch.Generator | None = None, seed: int | None = None,
              on_step: StepCallback | None = None, context: int | None = None,
-             slide: bool = False, pad_id: int | None = None) -> Generation:
+             slide: bool = False, pad_id: int | None = None, compile: bool = False) -> Generation:
     """Continue each prompt with up to ``max_new_tokens`` tokens.
 
     Args:
@@ -146,6 +146,10 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
         context: cache capacity C (default ``model.config.max_length``).
         slide: when the cache is full, rebuild it from the last C // 2 tokens and go on.
         pad_id: the id written in pad columns (default ``model.config.pad_id``; never attended).
+        compile: run each decoding step through ``torch.compile`` (one graph for the whole step,
+            dynamic shapes, compiled once per model and process: seconds on the first call); the
+            prompt's prefill stays eager. The tokens are those of the eager step up to summation
+            order.
 
     Returns:
         A ``Generation`` (new tokens and finish reason per prompt).
@@ -190,6 +194,7 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
     host_stopped = [False] * batch
     can_stop = stop is not None or bool(stop_set.numel())
 
+    decode_step = compiled_decode_step() if compile else _decode_step
     was_training = model.training
     model.eval()
     try:
@@ -233,8 +238,8 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
                 break
             mask = real[:, window:column + 1] if padded else None  # (B, keys so far)
             positions = next_position if padded else None
-            logits = model(sequence[:, column:column + 1], padding_mask=mask,
-                           positions=positions, cache=cache)[:, -1]  # (B, V)
+            logits = decode_step(model, sequence[:, column:column + 1], mask, positions,
+                                 cache)  # (B, V)
             if padded:
                 next_position += 1
     finally:
@@ -253,6 +258,26 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
             tokens.append(row)
             reasons.append("stop" if host_stopped[index] else "length")
     return Generation(tokens=tokens, finish_reasons=reasons)
+
+
+def _decode_step(model: nn.Module, ids: Tensor, padding_mask: Tensor | None,
+                 positions: Tensor | None, cache) -> Tensor:
+    """Logits (B, V) of the newest position after ``ids`` (B, 1) go through the cache."""
+    return model(ids, padding_mask=padding_mask, positions=positions, cache=cache)[:, -1]
+
+
+_compiled_step = None
+
+
+def compiled_decode_step():
+    """``_decode_step`` under ``torch.compile`` (made once per process; Dynamo keeps a graph per
+    model). The step traces whole, without graph breaks: the CPU fast paths of
+    ``aiayn.inference_linear`` that keep Python-side state step aside while compiling, and the
+    one-row split reads the thread count from outside the graph."""
+    global _compiled_step
+    if _compiled_step is None:
+        _compiled_step = torch.compile(_decode_step, dynamic=True)
+    return _compiled_step
 
 
 def _prefill(model: nn.Module, cache, sequence: Tensor, real: Tensor, start: int, end: int,
