@@ -46,14 +46,19 @@ def greedy_loop(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def beam_loop(model, src: torch.Tensor, beams: int, new_tokens: int) -> torch.Tensor:
+def beam_loop(model, src: torch.Tensor, beams: int, new_tokens: int, *,
+              compile: bool = False) -> torch.Tensor:
     """Fixed-length beam search (no EOS): the best of ``beams`` hypotheses per source, (B, 1 + new).
 
     The cache shares each source's cross-attention keys/values among its beams (``rows_per_memory``),
     so the memory is encoded, projected and kept once per source and never reordered; the self-attention
     cache reorders in place. Tokens and back-pointers go into preallocated (steps, B*K) buffers and
-    the best hypothesis is traced back once at the end, so a step appends nothing.
+    the best hypothesis is traced back once at the end, so a step appends nothing. ``compile``: the
+    steps after the first through ``aiayn.decoding.beam.compiled_decoder_step``.
     """
+    from aiayn.decoding.beam import compiled_decoder_step, decoder_step
+
+    step_logits = compiled_decoder_step() if compile else decoder_step
     batch = src.shape[0]
     config = model.config
     memory = model.encode(src)  # (B, S, D), once per source
@@ -65,7 +70,8 @@ def beam_loop(model, src: torch.Tensor, beams: int, new_tokens: int) -> torch.Te
     parents = torch.empty(new_tokens, batch * beams, dtype=torch.long)  # row it extends
     offsets = (torch.arange(batch) * beams)[:, None]  # (B, 1)
     for step in range(new_tokens):
-        logits = model.decode(tokens, memory if step == 0 else None, cache=cache)[:, -1]
+        logits = (model.decode(tokens, memory, cache=cache)[:, -1] if step == 0
+                  else step_logits(model, tokens, None, cache))
         log_probs = logits.float().log_softmax(dim=-1)  # (B*K, V)
         vocab = log_probs.shape[-1]
         candidates = (scores.view(-1, 1) + log_probs).view(batch, beams * vocab)
@@ -131,9 +137,10 @@ def build_beam(which: list[str]) -> dict:
     src = torch.randint(3, 8192, (BEAM_BATCH, SOURCE))
     sides = {}
     for name in which:
-        if name == "aiayn":
+        if name in ("aiayn", "aiayn+compile"):
             model = aiayn_from_hf(hf).eval()
-            sides[name] = lambda model=model: beam_loop(model, src, BEAMS, BEAM_NEW)
+            sides[name] = lambda model=model, compiled=name == "aiayn+compile": beam_loop(
+                model, src, BEAMS, BEAM_NEW, compile=compiled)
         else:
             sides[name] = lambda: hf.generate(
                 src, attention_mask=torch.ones_like(src), num_beams=BEAMS, do_sample=False,
@@ -170,17 +177,25 @@ def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
                              peer_value=batch * NEW / timing.median("hf"), same_tokens=same[ours],
                              ours_rss=rss.get(ours), peer_rss=rss["hf"],
                              compile_s=first_call[ours] if ours == "aiayn+compile" else None))
-    sides = build_beam(["aiayn", "hf"])
-    same = torch.equal(sides["aiayn"](), sides["hf"]()[:, : BEAM_NEW + 1])
+    names = ["aiayn", "hf", "aiayn+compile"]
+    sides = build_beam(names)
+    reference = sides["hf"]()[:, : BEAM_NEW + 1]
+    same, first_call = {}, {}
+    for name in ("aiayn", "aiayn+compile"):
+        began = time.perf_counter()
+        same[name] = torch.equal(sides[name](), reference)
+        first_call[name] = time.perf_counter() - began
     timing = alternate(sides, rounds=rounds, warmup=1)
     rss = ({name: peak_rss_subprocess("generation.py", name, ["--beam"]) for name in ("aiayn", "hf")}
            if memory else {"aiayn": None, "hf": None})
-    rows.append(dict(benchmark=f"beam search ({BEAMS} beams)",
-                     shape=f"marian d256 3+3 V8192 B{BEAM_BATCH} S{SOURCE} +{BEAM_NEW}",
-                     ours="aiayn", peer="hf-marian", metric="new tokens/s",
-                     ours_value=BEAM_BATCH * BEAM_NEW / timing.median("aiayn"),
-                     peer_value=BEAM_BATCH * BEAM_NEW / timing.median("hf"), same_tokens=same,
-                     ours_rss=rss["aiayn"], peer_rss=rss["hf"]))
+    for ours in ("aiayn", "aiayn+compile"):
+        rows.append(dict(benchmark=f"beam search ({BEAMS} beams)",
+                         shape=f"marian d256 3+3 V8192 B{BEAM_BATCH} S{SOURCE} +{BEAM_NEW}",
+                         ours=ours, peer="hf-marian", metric="new tokens/s",
+                         ours_value=BEAM_BATCH * BEAM_NEW / timing.median(ours),
+                         peer_value=BEAM_BATCH * BEAM_NEW / timing.median("hf"),
+                         same_tokens=same[ours], ours_rss=rss.get(ours), peer_rss=rss["hf"],
+                         compile_s=first_call[ours] if ours == "aiayn+compile" else None))
     return rows
 
 
@@ -197,7 +212,8 @@ def main(argv: list[str]) -> None:
         memory_main(build, args.memory, steps=1)
         return
     for row in run(rounds=args.rounds):
-        print(f"{row['benchmark']:<28} {row['ours_value']:8.0f} vs {row['peer_value']:8.0f} "
+        print(f"{row['benchmark']:<28} {row['ours']:<14} {row['ours_value']:8.0f} vs "
+              f"{row['peer_value']:8.0f} "
               f"new tokens/s  ratio {row['ours_value'] / row['peer_value']:.3f}  "
               f"same tokens: {row['same_tokens']}")
 

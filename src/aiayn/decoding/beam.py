@@ -26,8 +26,28 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
 
 
 @torch.no_grad()
+def decoder_step(model: nn.Module, tokens: Tensor, memory_padding_mask: Tensor | None,
+                 cache) -> Tensor:
+    """Logits (B, V) of the next position of every row, after the first step (the cache then holds
+    the memory's cross-attention keys/values); ``tokens`` (B, 1)."""
+    return model.decode(tokens, None, memory_padding_mask=memory_padding_mask, cache=cache)[:, -1]
+
+
+_compiled_step = None
+
+
+def compiled_decoder_step():
+    """``decoder_step`` under ``torch.compile`` (made once per process, dynamic shapes: the rows
+    shrink as sentences finish); the step traces without graph breaks."""
+    global _compiled_step
+    if _compiled_step is None:
+        _compiled_step = torch.compile(decoder_step, dynamic=True)
+    return _compiled_step
+
+
 def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_size: int = 4,
-                alpha: float = 0.6, max_extra: int = 50) -> list[Hypothesis]:
+                alpha: float = 0.6, max_extra: int = 50, compile: bool = False
+                ) -> list[Hypothesis]:
     """The best hypothesis of a beam search for each sentence.
 
     Args:
@@ -36,6 +56,8 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
         beam_size: K (paper: 4); 1 is greedy search.
         alpha: length penalty exponent (paper: 0.6).
         max_extra: output may be up to source length + ``max_extra`` tokens (paper: 50).
+        compile: decoding steps after the first through ``torch.compile`` (``compiled_decoder_step``;
+            seconds to compile on the first call in a process).
 
     Raises:
         ValueError: beam_size < 1 or larger than the vocabulary allows, alpha < 0.
@@ -69,10 +91,14 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     blocked = blocked_tokens(model)
     first = True
+    step_logits = compiled_decoder_step() if compile else decoder_step
     for step in range(steps):
         n = len(alive)
-        logits = model.decode(tokens, memory if first else None, memory_padding_mask=mask,
-                              cache=cache)[:, -1].float()  # (n*K, V)
+        if first:  # projects the memory into the cache
+            logits = model.decode(tokens, memory, memory_padding_mask=mask, cache=cache)[:, -1]
+        else:
+            logits = step_logits(model, tokens, mask, cache)
+        logits = logits.float()  # (n*K, V)
         first = False
         log_probs = torch.log_softmax(logits, dim=-1)
         log_probs[:, blocked] = -torch.inf
