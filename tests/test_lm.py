@@ -238,6 +238,20 @@ def test_generate_options_stop_strings_long_prompts_and_batches(text_file, tmp_p
     assert "past the cache capacity" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # compiles the decoding step (seconds)
+def test_generate_compile_option_prints_the_eager_text(text_file, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["train", "lm", "--data", str(text_file), "--out", str(run_dir), "--steps", "2",
+                 "--eval-every", "0", "--save-every", "0", *TINY]) == 0
+    capsys.readouterr()
+    outputs = []
+    for extra in ([], ["--compile"]):
+        assert main(["generate", str(run_dir), "--prompt", "All", "--greedy", "--max-new-tokens",
+                     "12", "--no-stream", *extra]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[1] == outputs[0] and len(outputs[0]) > len("All\n")
+
+
 def test_train_lm_reports_bad_data_clearly(tmp_path, capsys):
     (tmp_path / "bin.txt").write_bytes(b"abc\n\xff\xfe\n")
     assert main(["train", "lm", "--data", str(tmp_path / "bin.txt"), "--out",

@@ -32,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-slide", action="store_true",
                         help="error instead of sliding the context when it fills up")
     parser.add_argument("--no-stream", action="store_true", help="print when done")
+    parser.add_argument("--compile", action="store_true",
+                        help="decoding steps through torch.compile (seconds to compile first; "
+                             "faster over long generations)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.set_defaults(run=run)
@@ -111,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     result = generate(model, rows, max_new_tokens=args.max_new_tokens,
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                       greedy=args.greedy, seed=args.seed, slide=not args.no_slide,
-                      stop=stop if args.stop else None, on_step=on_step if stream else None)
+                      stop=stop if args.stop else None, on_step=on_step if stream else None,
+                      compile=args.compile)
     for index, tokens in enumerate(result.tokens):
         text = vocabulary.decode(tokens)
         cut = stops.cut(text)
