@@ -158,9 +158,9 @@ def test_bad_beam_arguments():
 
 
 @pytest.mark.slow
-def test_compiled_beam_search_gives_the_eager_hypotheses_without_graph_breaks():
-    """beam_search(compile=True): the same hypotheses and scores as eager, while sentences finish
-    and leave the batch (the compiled step sees the rows shrink), with no graph break."""
+def test_compiled_beam_and_greedy_search_give_the_eager_hypotheses_without_graph_breaks():
+    """beam_search / greedy_search(compile=True): the same hypotheses (and scores) as eager, while
+    sentences finish and leave the batch (the compiled step sees the rows shrink), no graph break."""
     from torch._dynamo.utils import counters
 
     model, rows = make_model(), make_sources(count=6)
@@ -172,6 +172,9 @@ def test_compiled_beam_search_gives_the_eager_hypotheses_without_graph_breaks():
         compiled = beam_search(model, source, mask, beam_size=3, max_extra=8, compile=True)
         assert [h.tokens for h in compiled] == [h.tokens for h in eager]
         assert [h.score for h in compiled] == pytest.approx([h.score for h in eager], abs=1e-4)
+        greedy = greedy_search(model, source, mask, max_extra=8)
+        assert [h.tokens for h in greedy_search(model, source, mask, max_extra=8, compile=True)
+                ] == [h.tokens for h in greedy]
         assert len({len(h.tokens) for h in eager}) > 1  # sentences finished at different steps
         assert not counters["graph_break"], dict(counters["graph_break"])
     finally:

@@ -97,3 +97,16 @@ def test_train_translate_evaluate_end_to_end(tiny_tsv, tmp_path, capsys):
     scores = json.loads(capsys.readouterr().out.strip())
     assert scores["split"] == "test" and scores["sentences"] == 4 and scores["beam"] == 1
     assert 0.0 <= scores["bleu"] <= 100.0 and 0.0 <= scores["chrf"] <= 100.0
+
+
+@pytest.mark.slow  # two fresh interpreters, one of them compiling the decoding step
+def test_translate_compile_option_prints_the_eager_translations(tiny_tsv, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(train_args(tiny_tsv, out, "--steps", "6", "--eval-every", "0",
+                           "--save-every", "0")) == 0
+    text = "This package contains the data files.\nHello world\n"
+    outputs = [subprocess.run([sys.executable, "-m", "aiayn", "translate", str(out), "--beam", "2",
+                               *extra], input=text, capture_output=True, text=True, timeout=300)
+               for extra in ([], ["--compile"])]
+    assert all(result.returncode == 0 for result in outputs), outputs[1].stderr
+    assert outputs[1].stdout == outputs[0].stdout and len(outputs[0].stdout.split("\n")) == 3

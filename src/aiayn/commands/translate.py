@@ -24,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="lines read before translating (bounds memory on long inputs)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    parser.add_argument("--compile", action="store_true",
+                        help="decoding steps through torch.compile (seconds to compile first)")
     parser.set_defaults(run=run)
 
 
@@ -55,6 +57,6 @@ def _flush(model, tokenizer, lines, args) -> None:
     from aiayn.tasks.translate import translate_texts
 
     for output in translate_texts(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha,
-                                  max_tokens=args.max_tokens):
+                                  max_tokens=args.max_tokens, compile=args.compile):
         sys.stdout.write(output + "\n")
     sys.stdout.flush()

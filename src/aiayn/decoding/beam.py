@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from aiayn.decoding.greedy import Hypothesis, blocked_tokens, output_limits
+from aiayn.decoding.greedy import (Hypothesis, blocked_tokens, compiled_decoder_step, decoder_step,
+                                   output_limits)
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -26,25 +27,6 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
 
 
 @torch.no_grad()
-def decoder_step(model: nn.Module, tokens: Tensor, memory_padding_mask: Tensor | None,
-                 cache) -> Tensor:
-    """Logits (B, V) of the next position of every row, after the first step (the cache then holds
-    the memory's cross-attention keys/values); ``tokens`` (B, 1)."""
-    return model.decode(tokens, None, memory_padding_mask=memory_padding_mask, cache=cache)[:, -1]
-
-
-_compiled_step = None
-
-
-def compiled_decoder_step():
-    """``decoder_step`` under ``torch.compile`` (made once per process, dynamic shapes: the rows
-    shrink as sentences finish); the step traces without graph breaks."""
-    global _compiled_step
-    if _compiled_step is None:
-        _compiled_step = torch.compile(decoder_step, dynamic=True)
-    return _compiled_step
-
-
 def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_size: int = 4,
                 alpha: float = 0.6, max_extra: int = 50, compile: bool = False
                 ) -> list[Hypothesis]:

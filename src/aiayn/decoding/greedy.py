@@ -36,14 +36,35 @@ def blocked_tokens(model: nn.Module) -> list[int]:
 
 
 @torch.no_grad()
+def decoder_step(model: nn.Module, tokens: Tensor, memory_padding_mask: Tensor | None,
+                 cache) -> Tensor:
+    """Logits (B, V) of the next position of every row, after the first step (the cache then holds
+    the memory's cross-attention keys/values); ``tokens`` (B, 1)."""
+    return model.decode(tokens, None, memory_padding_mask=memory_padding_mask, cache=cache)[:, -1]
+
+
+_compiled_step = None
+
+
+def compiled_decoder_step():
+    """``decoder_step`` under ``torch.compile`` (made once per process, dynamic shapes: the rows
+    shrink as sentences finish); the step traces without graph breaks."""
+    global _compiled_step
+    if _compiled_step is None:
+        _compiled_step = torch.compile(decoder_step, dynamic=True)
+    return _compiled_step
+
+
 def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
-                  max_extra: int = 50) -> list[Hypothesis]:
+                  max_extra: int = 50, compile: bool = False) -> list[Hypothesis]:
     """The most likely next token at each step, until </s> or the length limit.
 
     Args:
         model: an encoder-decoder ``Transformer`` (in eval mode).
         source: (B, S) source ids; ``source_mask`` (B, S) True on real tokens.
         max_extra: output may be up to source length + ``max_extra`` tokens (paper: 50).
+        compile: decoding steps after the first through ``torch.compile`` (``compiled_decoder_step``;
+            seconds to compile on the first call in a process).
 
     Returns:
         One hypothesis per sentence, in input order.
@@ -62,9 +83,13 @@ def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
     blocked = blocked_tokens(model)
     mask = source_mask
     first = True
+    step_logits = compiled_decoder_step() if compile else decoder_step
     for step in range(steps):
-        logits = model.decode(tokens, memory if first else None, memory_padding_mask=mask,
-                              cache=cache)[:, -1].float()  # (B_alive, V)
+        if first:  # projects the memory into the cache
+            logits = model.decode(tokens, memory, memory_padding_mask=mask, cache=cache)[:, -1]
+        else:
+            logits = step_logits(model, tokens, mask, cache)
+        logits = logits.float()  # (B_alive, V)
         first = False
         log_probs = torch.log_softmax(logits, dim=-1)
         log_probs[:, blocked] = -torch.inf
