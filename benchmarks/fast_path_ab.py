@@ -9,8 +9,11 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
 - ``greedy``: ``aiayn.decoding.sampling.generate`` (batch 8) with and without the vocabulary-major
   output projection;
 - ``greedy1``: the same at batch 1;
-- ``encoder``: encoder inference on the default path ("before": MKL through ``nn.Linear``) and with
-  the opt-in oneDNN linear / fused activation ("after": ``inference_linear.large_rows_onednn``).
+- ``encoder``: encoder inference with large products through MKL ("before": ``nn.Linear``) and
+  through oneDNN with the FFN activation fused ("after": ``aiayn.onednn_linear.enabled``);
+- ``lm``, ``seq2seq``, ``seq2seq-torch``: a training step of lm_train.py / seq2seq_train.py with
+  oneDNN's products off and on (each its own model copy; the peer is HF GPT-2, HF Marian,
+  ``torch.nn.Transformer``; "hf" in the output).
 
 ``--baseline pass2`` switches off the fast paths of the decode passes after the first (derived
 weights for few rows, ``aiayn.inference_linear.small_rows_linear``, the packed layer weights and the
@@ -19,6 +22,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
 ``plain`` switches off every fast path of the variant.
 
     python3 benchmarks/fast_path_ab.py beam greedy greedy1 encoder --rounds 8
+    python3 benchmarks/fast_path_ab.py lm seq2seq seq2seq-torch --rounds 10
     python3 benchmarks/fast_path_ab.py greedy1 beam greedy --baseline pass3 --rounds 6
 """
 
@@ -33,11 +37,13 @@ import time
 import torch
 
 from common import setup
-import generation
 import encoder_inference
+import generation
+import lm_train
+import seq2seq_train
 from peers import aiayn_from_hf, hf_marian
 
-from aiayn import inference_linear
+from aiayn import inference_linear, onednn_linear
 from aiayn.attention.cache import KVCache
 from aiayn.models.heads import OutputProjection
 
@@ -88,14 +94,14 @@ def plain_decoding():
 
 
 @contextlib.contextmanager
-def onednn_linear():
-    """The opt-in oneDNN path for large products, on for the duration."""
-    saved = inference_linear.large_rows_onednn
-    inference_linear.large_rows_onednn = True
+def onednn(on: bool):
+    """``aiayn.onednn_linear.enabled`` (large products through oneDNN) set to ``on`` for the duration."""
+    saved = onednn_linear.enabled
+    onednn_linear.enabled = on
     try:
         yield
     finally:
-        inference_linear.large_rows_onednn = saved
+        onednn_linear.enabled = saved
 
 
 @torch.inference_mode()
@@ -158,17 +164,45 @@ def greedy_variants(batch: int = 8) -> dict:
 def encoder_variants() -> dict:
     sides = encoder_inference.build_sides(["aiayn", "hf"])
 
-    def after():
-        with onednn_linear():
+    def before():
+        with onednn(False):
             return sides["aiayn"]()
 
-    difference = (after() - sides["aiayn"]()).abs().max().item()
+    def after():
+        with onednn(True):
+            return sides["aiayn"]()
+
+    difference = (after() - before()).abs().max().item()
     assert difference < 1e-3, f"oneDNN and plain encoder differ by {difference}"
-    return {"before": sides["aiayn"], "after": after, "hf": sides["hf"]}
+    return {"before": before, "after": after, "hf": sides["hf"]}
+
+
+def training_variants(ours: str, peer: str, build) -> dict:
+    """A training step of the benchmark's aiayn side with oneDNN's products off ("before") and on
+    ("after"), each on its own copy of the model and optimizer, and the peer's step."""
+    sides = build([ours, peer])
+    sides_after = build([ours])
+
+    def before():
+        with onednn(False):
+            return sides[ours]()
+
+    def after():
+        with onednn(True):
+            return sides_after[ours]()
+
+    difference = abs(before().item() - after().item())  # the first step: same weights and batch
+    assert difference < 1e-4, f"oneDNN and plain training losses differ by {difference}"
+    return {"before": before, "after": after, "hf": sides[peer]}
 
 
 VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
-            "greedy1": lambda: greedy_variants(batch=1), "encoder": encoder_variants}
+            "greedy1": lambda: greedy_variants(batch=1), "encoder": encoder_variants,
+            "lm": lambda: training_variants("aiayn", "hf",
+                                            lambda which: lm_train.build_sides(256, which)),
+            "seq2seq": lambda: training_variants("aiayn<-marian", "marian", seq2seq_train.build_sides),
+            "seq2seq-torch": lambda: training_variants("aiayn<-torch.nn", "torch.nn",
+                                                       seq2seq_train.build_sides)}
 
 
 def measure(variants: dict, rounds: int) -> dict[str, float]:

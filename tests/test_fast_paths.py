@@ -9,7 +9,8 @@
 - the vocabulary-major output projection (no grad, few rows): equal to ``linear``;
 - beam search on the shared-memory cache: the same hypotheses and scores as the plain cache;
 - oneDNN linear layers with the FFN activation fused (CPU inference, many rows): equal to
-  ``nn.Linear`` + activation, and whole models equal with the path switched off;
+  ``nn.Linear`` + activation, and whole models equal with the path switched off (training through
+  oneDNN: tests/test_onednn_linear.py);
 - the fused q/k/v (and cross k/v) projection split by ``split`` + per-part views: output and
   gradients equal to the former ``view(B, T, 3, H, Dh).permute(...).unbind`` layout.
 """
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 from aiayn import CausalLM, Transformer, TransformerConfig
-from aiayn import inference_linear
+from aiayn import inference_linear, onednn_linear
 from aiayn.attention.cache import KVCache
 from aiayn.decoding import beam as beam_module
 from aiayn.models.heads import OutputProjection
@@ -210,19 +211,29 @@ class _RepeatingCache:
         self.inner.reorder(index)  # plain cache: cross rows follow the rows, as before the change
 
 
-needs_onednn = pytest.mark.skipif(inference_linear._LINEAR_POINTWISE is None,
+needs_onednn = pytest.mark.skipif(onednn_linear.LINEAR_POINTWISE is None,
                                   reason="no oneDNN linear here")
 
 
 @pytest.fixture
 def large_rows_onednn(monkeypatch):
-    """The opt-in oneDNN path for many rows, switched on for one test."""
-    monkeypatch.setattr(inference_linear, "large_rows_onednn", True)
+    """oneDNN's products for many rows (``aiayn.onednn_linear.enabled``), on for one test whatever
+    this CPU's default."""
+    monkeypatch.setattr(onednn_linear, "enabled", True)
 
 
-def test_large_rows_onednn_is_opt_in():
+def test_onednn_default_follows_the_cpu():
+    assert onednn_linear.enabled == onednn_linear.prefers_onednn()
+    assert onednn_linear.prefers_onednn() == (
+        onednn_linear.LINEAR_POINTWISE is not None
+        and torch.backends.cpu.get_cpu_capability().startswith("AVX512"))
+
+
+def test_large_rows_onednn_switched_off_is_the_plain_layer(monkeypatch):
+    monkeypatch.setattr(onednn_linear, "enabled", False)
     layer = nn.Linear(24, 40)
     x = torch.randn(2, inference_linear.MIN_ROWS, 24)
+    assert not inference_linear.uses_onednn(x, layer)
     with torch.no_grad():
         assert not inference_linear.uses_onednn(x, layer)
         assert inference_linear.linear_activation(layer, x, "gelu") is None
@@ -240,11 +251,9 @@ def test_onednn_linear_with_fused_activation_equals_linear(activation, large_row
         plain = activation_function(activation)(layer(x))
         torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(inference_linear.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
-    # under autograd, or for a few rows, it is the plain layer
-    assert not inference_linear.uses_onednn(x, layer)
+        assert not inference_linear.uses_onednn(x[:, :3], layer)  # a few rows: the plain layer
+    # under autograd the activation is not fused (its backward needs the product)
     assert inference_linear.linear_activation(layer, x, activation) is None
-    with torch.no_grad():
-        assert not inference_linear.uses_onednn(x[:, :3], layer)
 
 
 @needs_onednn
@@ -257,7 +266,7 @@ def test_models_with_onednn_inference_equal_the_plain_path(monkeypatch, large_ro
     mask[1, 40:] = False
     with torch.no_grad():
         fast = [encoder(ids, padding_mask=mask), seq2seq(ids, ids[:, :55], src_padding_mask=mask)]
-        monkeypatch.setattr(inference_linear, "large_rows_onednn", False)
+        monkeypatch.setattr(onednn_linear, "enabled", False)
         plain = [encoder(ids, padding_mask=mask), seq2seq(ids, ids[:, :55], src_padding_mask=mask)]
     for a, b in zip(fast, plain):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -1,15 +1,13 @@
-"""Linear layers at inference on CPU: derived weights for decoding steps, and an opt-in oneDNN path.
+"""Linear layers on CPU: derived weights for decoding steps, and oneDNN for large products.
 
-``nn.Linear`` on CPU runs MKL's GEMM and then, for the FFN, a separate pass for the activation. With no
-gradient to record (``torch.no_grad`` / ``torch.inference_mode``), ``large_rows_onednn = True`` sends
-large products through oneDNN's ``linear`` instead (``torch.ops.mkldnn._linear_pointwise``, the kernel
-``torch.compile``'s CPU backend emits), which also applies ReLU / GELU / SiLU in the same pass over the
-output. It is off by default because which library wins depends on the CPU: on an AMD EPYC Zen 1
-(fp32, 1 thread, all-MiniLM shapes, 4096 rows) oneDNN won, 384 -> 1152 317 -> 287 ms, 384 -> 1536
-401 -> 368 ms plus the GELU pass (66 ms) saved, 1536 -> 384 413 -> 392 ms; on an AMD EPYC Zen 3 (2
-threads, same shapes) it lost, 13-24 % slower unfused and 2-38 % slower with GELU fused, and a whole
-encoder forward took 742 instead of 658 ms (docs/performance.md). Without the switch, and whatever it
-says below ``MIN_ROWS`` rows, under autograd, off CPU, outside float32, or where the operator is
+Large products (MIN_ROWS rows and more) go through oneDNN's ``linear`` instead of ``nn.Linear``'s MKL
+GEMM where ``aiayn.onednn_linear`` says so: by default on CPUs with AVX-512, where oneDNN was 10-20 %
+faster (its docstring has the figures; on an AVX2 Zen 3 it was slower, on a Zen 1 faster, so it is
+off there unless switched on). Under autograd that is ``onednn_linear.linear`` (forward and input
+gradient through oneDNN); without a gradient to record (``torch.no_grad`` / ``torch.inference_mode``)
+the FFN's ReLU / GELU / SiLU is also applied in the same oneDNN pass over the output
+(``linear_activation``). Switched off, below ``MIN_ROWS`` rows, off CPU, outside float32, under
+autocast, while ``torch.compile`` traces, for a layer with forward hooks, or where the operator is
 missing, a product of many rows is exactly ``nn.Linear``.
 
 Decoding steps multiply a handful of rows (batch x beams) by the same weights step after step. There
@@ -54,44 +52,40 @@ import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-MIN_ROWS = 256  # below this, MKL's GEMM is faster than unpacked oneDNN (measured: 8-16 rows)
+from aiayn import onednn_linear
+
+MIN_ROWS = onednn_linear.MIN_ROWS
 
 # activation name (aiayn.feedforward) -> oneDNN post-op (name, algorithm)
 FUSED_ACTIVATIONS = {"relu": ("relu", ""), "gelu": ("gelu", "none"),
                      "gelu_tanh": ("gelu", "tanh"), "silu": ("swish", "")}
 
 
-def _onednn_linear():
-    mkldnn = getattr(torch.ops, "mkldnn", None)
-    if mkldnn is None or not torch.backends.mkldnn.is_available():
-        return None
-    try:
-        return mkldnn._linear_pointwise
-    except (AttributeError, RuntimeError):
-        return None
-
-
-_LINEAR_POINTWISE = _onednn_linear()
-# Opt-in: large products through oneDNN (faster on some CPUs, slower on others; see the docstring).
-large_rows_onednn = False
+_LINEAR_POINTWISE = onednn_linear.LINEAR_POINTWISE
 
 
 def uses_onednn(x: Tensor, layer: nn.Linear) -> bool:
-    """Whether ``linear`` would take the oneDNN path for input ``x`` (…, I)."""
-    # Cheapest test first: a decoding step (few rows) leaves after one comparison.
-    return (large_rows_onednn and _LINEAR_POINTWISE is not None
-            and x.numel() >= MIN_ROWS * x.shape[-1] and not torch.is_grad_enabled()
-            and x.device.type == "cpu" and x.dtype == torch.float32
-            and layer.weight.dtype == torch.float32)
+    """Whether ``linear`` would take the oneDNN path for input ``x`` (…, I), with or without
+    autograd (``aiayn.onednn_linear.applies``, and no hook on the layer that the direct call would
+    skip)."""
+    return onednn_linear.applies(x, layer.weight) and not _has_hooks(layer)
+
+
+def _has_hooks(layer: nn.Module) -> bool:
+    return bool(layer._forward_hooks or layer._forward_pre_hooks
+                or nn.modules.module._global_forward_hooks
+                or nn.modules.module._global_forward_pre_hooks)
 
 
 def linear(layer: nn.Linear, x: Tensor) -> Tensor:
-    """``layer(x)``: (…, I) -> (…, O); without autograd, one row through ``split_gemv``, 2..SMALL_ROWS
-    rows through the layer's packed weight (``uses_packed_layer``), many rows through oneDNN when
-    ``uses_onednn``."""
+    """``layer(x)``: (…, I) -> (…, O); many rows through oneDNN when ``uses_onednn`` (with or without
+    autograd); without autograd, one row through ``split_gemv``, 2..SMALL_ROWS rows through the
+    layer's packed weight (``uses_packed_layer``)."""
     # Decoding calls this ~100 times a token: the weight is fetched once (a module attribute lookup
     # costs as much as a small operator) and only the tests of the row count at hand run.
     if torch.is_grad_enabled():
+        if uses_onednn(x, layer):
+            return onednn_linear.linear(x, layer.weight, layer.bias)
         return layer(x)
     weight = layer.weight
     rows = x.numel() // x.shape[-1]

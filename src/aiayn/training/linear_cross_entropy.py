@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from aiayn import onednn_linear
 from aiayn.training.loss import (label_smoothed_cross_entropy, smoothed_nll_of_rows,
                                  subtract_smoothed_targets)
 
@@ -40,8 +41,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for begin in range(0, rows, chunk):
             h = hidden[begin: begin + chunk]  # (C, D)
             y = targets[begin: begin + chunk]  # (C,)
-            logits = (torch.mm(h, weight.t()) if bias is None
-                      else torch.addmm(bias, h, weight.t()))  # (C, V)
+            on_onednn = onednn_linear.applies(h, weight)
+            if on_onednn:
+                logits = onednn_linear.matmul_transposed(h, weight, bias)  # (C, V)
+            else:
+                logits = (torch.mm(h, weight.t()) if bias is None
+                          else torch.addmm(bias, h, weight.t()))  # (C, V)
             logits = logits.float()  # (C, V): the chunk's own buffer, overwritten below
             keep = y != ignore_index  # (C,)
             safe = y.masked_fill(~keep, 0)  # (C,)
@@ -61,8 +66,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             kept = keep.to(exps.dtype).unsqueeze(1)  # (C, 1)
             grad = subtract_smoothed_targets(exps.mul_(kept / sums), safe, keep, smoothing)
             grad = grad.to(hidden.dtype)
-            torch.mm(grad, weight, out=grad_hidden[begin: begin + chunk])  # (C, D)
-            grad_weight.addmm_(grad.t(), h)  # (V, D) += (V, C) @ (C, D)
+            if on_onednn:
+                grad_hidden[begin: begin + chunk] = onednn_linear.matmul(grad, weight)  # (C, D)
+            else:
+                torch.mm(grad, weight, out=grad_hidden[begin: begin + chunk])  # (C, D)
+            grad_weight.addmm_(grad.t(), h)  # (V, D) += (V, C) @ (C, D): MKL (faster here)
             if grad_bias is not None:
                 grad_bias += grad.sum(dim=0)
         if need_grad:
