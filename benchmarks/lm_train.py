@@ -7,6 +7,10 @@ each side uses its own library's loss path and AdamW implementation (see ``commo
 aiayn its trainer's ``make_optimizer`` (fused AdamW) and ``token_loss`` (chunked projection + loss),
 HF the Trainer's default fused AdamW, nanoGPT the default (foreach) AdamW it uses on CPU.
 
+``--compile`` adds ``aiayn+compile``, what ``aiayn train --compile`` does (each layer compiled,
+``aiayn.training.distributed.compile_layers``; the chunked loss eager), and ``aiayn+compile-model``,
+the whole model's call compiled as a user's ``torch.compile(model)`` would (logits, plain loss).
+
     python3 benchmarks/lm_train.py [--d-model 256] [--compile]
 """
 
@@ -24,6 +28,7 @@ from common import (aiayn_optimizer, alternate, memory_main, mib, peak_rss_subpr
 from peers import NanoGPT, aiayn_from_hf, hf_gpt2, matmul_flops_per_token
 
 from aiayn.tasks.lm import token_loss
+from aiayn.training.distributed import compile_layers
 
 LAYERS, LENGTH, BATCH, VOCAB = 4, 256, 8, 8192
 
@@ -70,10 +75,10 @@ def build_sides(d_model: int, which: list[str], compile_ours: bool = False) -> d
         if name.startswith("aiayn"):
             model = aiayn_from_hf(hf).train()
             optimizer = aiayn_optimizer(model)
-            if name == "aiayn+compile":  # the whole model: forward returns logits, plain loss
+            if name == "aiayn+compile":  # the trainer's option: layers compiled, chunked loss eager
+                compile_layers(model)
+            elif name == "aiayn+compile-model":  # the whole model: forward returns logits, plain loss
                 model = torch.compile(model)
-            elif name == "aiayn+compile-hidden":  # hidden states compiled, chunked loss eager
-                model.hidden_states = torch.compile(model.hidden_states)
             sides[name] = make_step(model, aiayn_loss, inputs, targets, optimizer)
         elif name == "hf":
             sides[name] = make_step(hf, peer_loss(lambda m, x: m(input_ids=x).logits), inputs,
@@ -90,7 +95,7 @@ def run(d_model: int = 256, *, compile_ours: bool = False, rounds: int = 8,
     setup()
     names = ["aiayn", "hf", "nanogpt"]
     sides = build_sides(d_model, names)
-    compiled = ["aiayn+compile", "aiayn+compile-hidden"] if compile_ours else []
+    compiled = ["aiayn+compile", "aiayn+compile-model"] if compile_ours else []
     compile_s = {}
     for name in compiled:
         sides.update(build_sides(d_model, [name]))

@@ -313,7 +313,7 @@ def test_activation_checkpointing_and_bf16_train_and_save_like_the_plain_model(t
 
 @pytest.mark.slow
 def test_compile_option_trains_a_tiny_model(tmp_path, monkeypatch):
-    # The option compiles the model in place with the default (inductor) backend; here the
+    # The option compiles each layer in place with the default (inductor) backend; here the
     # aot_eager backend keeps the test short on a CPU (same Dynamo capture and AOT autograd, no
     # C++ code generation).
     compiled = []
@@ -326,9 +326,31 @@ def test_compile_option_trains_a_tiny_model(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.nn.Module, "compile", compile_for_test)
     _single(tmp_path / "plain", steps=2)
     _single(tmp_path / "compiled", steps=2, compile=True)
-    assert compiled == ["CausalLM"]
+    assert compiled and set(compiled) == {"DecoderLayer"}  # the layers, not the model's call
     assert _losses(tmp_path / "compiled") == pytest.approx(_losses(tmp_path / "plain"), rel=1e-4)
     assert _weights(tmp_path / "compiled").keys() == _weights(tmp_path / "plain").keys()
+
+
+def test_compile_layers_compiles_the_layers_and_keeps_the_chunked_loss(monkeypatch):
+    from aiayn import CausalLM, TransformerConfig
+    from aiayn.tasks.lm import token_loss
+    from aiayn.training import linear_cross_entropy as lce
+    from aiayn.training.distributed import compile_layers
+
+    model = CausalLM(TransformerConfig.preset("tiny", norm_first=True))
+    assert compile_layers(model) == model.config.n_decoder_layers  # lazy: nothing compiled yet
+    assert all(layer._compiled_call_impl is not None for layer in model.decoder.layers)
+    assert model._compiled_call_impl is None and lce.runs_uncompiled(model, CausalLM)
+    chunked = []
+    real = lce.linear_cross_entropy
+    monkeypatch.setattr(lce, "linear_cross_entropy", lambda *a, **k: chunked.append(1) or real(*a, **k))
+    for layer in model.decoder.layers:  # stands in for the compiled call (compiling takes long)
+        layer._compiled_call_impl = layer._call_impl
+    ids = torch.randint(3, 100, (2, 9))
+    token_loss(model, ids[:, :-1], ids[:, 1:]).backward()
+    assert chunked == [1]
+    with pytest.raises(ValueError, match="no encoder/decoder layers"):
+        compile_layers(torch.nn.Linear(2, 2))
 
 
 def test_bad_distributed_option_is_rejected():
