@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn import CausalLM, TransformerConfig
+from aiayn import CausalLM, TransformerConfig, onednn_linear
 from aiayn.training import TrainingConfig, train
 from aiayn.training.checkpoint import list_checkpoints, read_tensors
 from aiayn.training.distributed import Parallel, process_group_from_env, transformer_layers
@@ -102,11 +102,19 @@ def _worker(rank, world, port, run_dir, config_changes, task_changes, timeout_s,
     torch.set_num_threads(1)
     try:
         with process_group_from_env(device="cpu", timeout_s=timeout_s):
+            onednn_rows = task_changes.pop("onednn_min_rows", None)
+            onednn_calls = []
+            if onednn_rows is not None:  # oneDNN's products forced on, down to tiny batches
+                onednn_linear.enabled, onednn_linear.MIN_ROWS = True, onednn_rows
+                real = onednn_linear.linear
+                onednn_linear.linear = lambda *a: onednn_calls.append(1) or real(*a)
             config = CONFIG.replace(dropout=task_changes.pop("dropout", 0.0))
             task = TinyLMTask(**task_changes)
             torch.manual_seed(0)
             train(task.build_model(config), task, _config(**config_changes), run_dir,
                   model_config=config)
+            if onednn_rows is not None and not onednn_calls:
+                raise AssertionError("the oneDNN training path was never taken")
     except BaseException as error:  # reported to the test through a file
         Path(error_file).write_text(f"{type(error).__name__}: {error}\n"
                                     f"{traceback.format_exc()}", encoding="utf-8")
@@ -194,6 +202,18 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path, re
     info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     assert info["training_config"]["distributed"] == strategy
     assert len(_losses(run_dir)) == 4  # rank 0 alone wrote the log, once per step
+
+
+@pytest.mark.skipif(onednn_linear.LINEAR_POINTWISE is None, reason="no oneDNN linear here")
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+def test_two_processes_through_onednn_equal_one_process(tmp_path, reference, strategy):
+    """The oneDNN training products (aiayn.onednn_linear) under DDP / FSDP: the same run as one
+    process on the plain path (the tiny batches are forced through oneDNN)."""
+    run_dir = tmp_path / "run"
+    codes, errors = _launch(run_dir, config={"accumulation": 2, "distributed": strategy},
+                            task={"onednn_min_rows": 1})
+    assert codes == [0, 0], errors
+    _assert_same_run(run_dir, reference)
 
 
 @pytest.mark.slow
