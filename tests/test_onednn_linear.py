@@ -2,8 +2,10 @@
 
 - ``linear``: output and the gradients of input, weight and bias equal ``F.linear``'s, for (N, I) and
   (B, T, I) inputs, with and without bias, whichever inputs require a gradient;
-- ``applies``: only at MIN_ROWS rows and more, CPU float32, plain tensors, no autocast, not while
-  ``torch.compile`` traces, and only while switched on;
+- ``applies``: only at MIN_ROWS rows and more, CPU float32, plain tensors, no autocast, and only
+  while switched on;
+- ``torch.compile`` keeps the custom operators in its graph (no break) and an inductor-compiled
+  layer trains like the eager one;
 - the layers' ``inference_linear.linear`` takes it under autograd, except for a layer with a hook (which
   must still fire);
 - the chunked loss and whole training steps (encoder-decoder, decoder-only, encoder classifier): the
@@ -72,11 +74,56 @@ def test_applies_only_where_it_should(monkeypatch, onednn_on):
         pass
 
     assert not onednn_linear.applies(x, weight.as_subclass(Subclass))
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert not onednn_linear.applies(x, weight)
-    monkeypatch.undo()
     monkeypatch.setattr(onednn_linear, "enabled", False)
     assert not onednn_linear.applies(x, weight)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports (torch.jit)
+def test_compiled_graphs_keep_the_onednn_operators(onednn_on):
+    """``torch.compile`` traces the custom operators whole (no graph break) with their autograd."""
+    torch.manual_seed(0)
+    layer = nn.Linear(24, 40)
+    x = torch.randn(2, ROWS, 24, requires_grad=True)
+    counts = {"aiayn.onednn_linear": 0}
+
+    def backend(graph, example_inputs):
+        counts["aiayn.onednn_linear"] += sum("onednn_linear" in str(node.target)
+                                             for node in graph.graph.nodes)
+        return graph.forward
+
+    compiled = torch.compile(lambda x: inference_linear.linear(layer, x).relu().sum(),
+                             backend=backend, fullgraph=True)
+    loss = compiled(x)
+    assert counts["aiayn.onednn_linear"] == 1
+    loss.backward()
+    expected = x.detach().clone().requires_grad_()
+    reference = layer(expected).relu().sum()
+    reference.backward()
+    torch.testing.assert_close(loss, reference, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(x.grad, expected.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow  # inductor generates and compiles C++ (tens of seconds)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_inductor_compiled_layer_trains_like_eager(onednn_on):
+    from aiayn.layers import EncoderLayer
+
+    torch.manual_seed(0)
+    config = TransformerConfig.preset("tiny", dropout=0.0, activation="gelu")
+    layer = EncoderLayer(config)
+    x = torch.randn(4, ROWS // 4, config.d_model, requires_grad=True)
+    eager_out = layer(x)[0]
+    eager_out.square().sum().backward()
+    eager_grads = [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+    x.grad = None
+    layer.zero_grad(set_to_none=True)
+    compiled = torch.compile(layer)
+    out = compiled(x)[0]
+    out.square().sum().backward()
+    torch.testing.assert_close(out, eager_out, rtol=1e-4, atol=1e-4)
+    grads = [x.grad] + [p.grad for p in layer.parameters()]
+    for got, want in zip(grads, eager_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_layers_take_it_under_autograd_unless_hooked(monkeypatch, onednn_on):

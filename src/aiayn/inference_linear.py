@@ -7,8 +7,8 @@ off there unless switched on). Under autograd that is ``onednn_linear.linear`` (
 gradient through oneDNN); without a gradient to record (``torch.no_grad`` / ``torch.inference_mode``)
 the FFN's ReLU / GELU / SiLU is also applied in the same oneDNN pass over the output
 (``linear_activation``). Switched off, below ``MIN_ROWS`` rows, off CPU, outside float32, under
-autocast, while ``torch.compile`` traces, for a layer with forward hooks, or where the operator is
-missing, a product of many rows is exactly ``nn.Linear``.
+autocast, for a layer with forward hooks, or where the operator is missing, a product of many rows
+is exactly ``nn.Linear``.
 
 Decoding steps multiply a handful of rows (batch x beams) by the same weights step after step. There
 a derived copy of the weight is made once and reused while the weight is unchanged (``PackedWeights``):
@@ -57,8 +57,8 @@ from aiayn import onednn_linear
 MIN_ROWS = onednn_linear.MIN_ROWS
 
 # activation name (aiayn.feedforward) -> oneDNN post-op (name, algorithm)
-FUSED_ACTIVATIONS = {"relu": ("relu", ""), "gelu": ("gelu", "none"),
-                     "gelu_tanh": ("gelu", "tanh"), "silu": ("swish", "")}
+FUSED_ACTIVATIONS = {name: post_op for name, post_op in onednn_linear.POST_OPS.items()
+                     if name != "none"}
 
 
 _LINEAR_POINTWISE = onednn_linear.LINEAR_POINTWISE
@@ -97,7 +97,7 @@ def linear(layer: nn.Linear, x: Tensor) -> Tensor:
         if _packs_layer(x, weight):
             return _LINEAR_POINTWISE(x, _onednn_packed(weight), layer.bias, "none", [], "")
     elif uses_onednn(x, layer):
-        return _LINEAR_POINTWISE(x, weight, layer.bias, "none", [], "")
+        return onednn_linear.linear(x, weight, layer.bias)
     return layer(x)
 
 
@@ -115,7 +115,7 @@ def linear_activation(layer: nn.Linear, x: Tensor, activation: str) -> Tensor | 
         if _packs_layer(x, weight):
             return _LINEAR_POINTWISE(x, _onednn_packed(weight), layer.bias, fused[0], [], fused[1])
     elif rows > SMALL_ROWS and uses_onednn(x, layer):
-        return _LINEAR_POINTWISE(x, weight, layer.bias, fused[0], [], fused[1])
+        return onednn_linear.linear(x, weight, layer.bias, activation=activation)
     return None
 
 

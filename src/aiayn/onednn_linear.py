@@ -14,12 +14,16 @@ timing it in each process (a timing choice would make results depend on the mach
 without having been measured here; set ``enabled`` either way to choose.
 
 ``linear`` is ``F.linear`` with that split: forward and input gradient through oneDNN, weight and
-bias gradients through MKL. ``matmul_transposed`` / ``matmul`` are the two oneDNN-friendly products
-the chunked loss needs. Results equal MKL's up to summation order (tests/test_onednn_linear.py).
+bias gradients through MKL (without autograd, optionally with the FFN's activation applied in the
+same pass). ``matmul_transposed`` / ``matmul`` are the two oneDNN-friendly products the chunked loss
+needs. While ``torch.compile`` traces they are custom operators (``aiayn::onednn_linear``,
+``aiayn::onednn_matmul``), so compiled graphs keep them instead of falling back to MKL; eager calls
+skip the operator dispatch. Results equal MKL's up
+to summation order (tests/test_onednn_linear.py).
 
-``applies`` keeps the plain path off CPU, outside float32, under autocast, while ``torch.compile``
-traces (inductor chooses its own kernels), for tensor subclasses (FSDP's DTensor) and below MIN_ROWS
-rows (decoding steps have their own paths, ``aiayn.inference_linear``).
+``applies`` keeps the plain path off CPU, outside float32, under autocast, for tensor subclasses
+(FSDP's DTensor) and below MIN_ROWS rows (decoding steps have their own paths,
+``aiayn.inference_linear``).
 
 Legend: N rows, I input width, O output width.
 """
@@ -56,28 +60,82 @@ enabled = prefers_onednn()  # module switch: tests and A/B benchmarks set it
 
 def applies(x: Tensor, weight: Tensor) -> bool:
     """Whether ``linear(x, weight, ...)`` goes through oneDNN: switched on, at least MIN_ROWS rows of
-    plain CPU float32 tensors, no autocast, not being traced by ``torch.compile``."""
+    plain CPU float32 tensors, no autocast."""
     return (enabled and x.numel() >= MIN_ROWS * x.shape[-1]
             and x.device.type == "cpu" and x.dtype == torch.float32
             and weight.dtype == torch.float32
             and type(x) in _PLAIN and type(weight) in _PLAIN
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+            and not torch.is_autocast_enabled("cpu"))
 
 
 _PLAIN = (Tensor, torch.nn.Parameter)
 
 
-def matmul_transposed(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``a @ b.T (+ bias)``: (N, I) x (O, I) -> (N, O), no autograd."""
-    return LINEAR_POINTWISE(a, b, bias, "none", [], "")
+# The oneDNN products as custom operators: ``torch.compile`` then calls them as opaque kernels (its
+# own lowering of ``mkldnn._linear_pointwise`` expects prepacked, frozen weights) and still fuses the
+# element-wise work around them; eager autograd uses the formula registered below.
+POST_OPS = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "none"),
+            "gelu_tanh": ("gelu", "tanh"), "silu": ("swish", "")}  # aiayn activation -> oneDNN
 
 
-def matmul(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b``: (N, O) x (O, I) -> (N, I), no autograd; ``b.T`` is a view oneDNN reads in place."""
+@torch.library.custom_op("aiayn::onednn_linear", mutates_args=(),
+                         schema="(Tensor x, Tensor weight, Tensor? bias, str activation) -> Tensor")
+def _linear_op(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str) -> Tensor:
+    post_op, algorithm = POST_OPS[activation]
+    return LINEAR_POINTWISE(x, weight, bias, post_op, [], algorithm)  # (…, O)
+
+
+@_linear_op.register_fake
+def _(x, weight, bias, activation):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+@torch.library.custom_op("aiayn::onednn_matmul", mutates_args=(),
+                         schema="(Tensor a, Tensor b) -> Tensor")
+def _matmul_op(a: Tensor, b: Tensor) -> Tensor:
+    return LINEAR_POINTWISE(a, b.t(), None, "none", [], "")  # b.T: a view oneDNN reads in place
+
+
+@_matmul_op.register_fake
+def _(a, b):
+    return a.new_empty(*a.shape[:-1], b.shape[1])
+
+
+def _save_for_backward(ctx, inputs, output) -> None:
+    x, weight, bias, activation = inputs
+    if activation != "none":  # the activation's backward would need the product: never fused then
+        raise RuntimeError("aiayn::onednn_linear is differentiable only without a fused activation")
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _gradients(ctx, grad: Tensor, matmul_op) -> tuple:
+    """The gradients of x, weight and bias of ``F.linear``, from the saved x and weight."""
+    x, weight = ctx.saved_tensors
+    grad_x = grad_weight = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_x = matmul_op(grad, weight)  # (…, O) x (O, I) -> (…, I)
+    if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+        flat_grad = grad.reshape(-1, grad.shape[-1])  # (N, O)
+        if ctx.needs_input_grad[1]:
+            grad_weight = flat_grad.t().mm(x.reshape(-1, x.shape[-1]))  # (O, N) x (N, I): MKL
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = flat_grad.sum(dim=0)  # (O,)
+    return grad_x, grad_weight, grad_bias
+
+
+_linear_op.register_autograd(lambda ctx, grad: (*_gradients(ctx, grad, _matmul_op), None),
+                             setup_context=_save_for_backward)
+
+
+def _eager_matmul(a: Tensor, b: Tensor) -> Tensor:
     return LINEAR_POINTWISE(a, b.t(), None, "none", [], "")
 
 
-class _Linear(torch.autograd.Function):
+class _EagerLinear(torch.autograd.Function):
+    """The same product and gradients as ``aiayn::onednn_linear`` without the custom operator's
+    dispatch, which cost eager training steps 0.6-1 % (A/B in one process)."""
+
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
@@ -87,22 +145,30 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
-        x, weight = ctx.saved_tensors
-        grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_x = matmul(grad, weight)  # (…, O) x (O, I) -> (…, I)
-        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-            flat_grad = grad.reshape(-1, grad.shape[-1])  # (N, O)
-            if ctx.needs_input_grad[1]:
-                grad_weight = flat_grad.t().mm(x.reshape(-1, x.shape[-1]))  # (O, N) x (N, I): MKL
-            if ctx.has_bias and ctx.needs_input_grad[2]:
-                grad_bias = flat_grad.sum(dim=0)  # (O,)
-        return grad_x, grad_weight, grad_bias
+        return _gradients(ctx, grad, _eager_matmul)
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``: (…, I) -> (…, O), differentiable; call it where ``applies``."""
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
-        return _Linear.apply(x, weight, bias)
-    return LINEAR_POINTWISE(x, weight, bias, "none", [], "")
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *,
+           activation: str = "none") -> Tensor:
+    """``activation(F.linear(x, weight, bias))``: (…, I) -> (…, O); differentiable without an
+    activation (forward and input gradient through oneDNN, weight and bias gradients through MKL).
+    Call it where ``applies``."""
+    if torch.compiler.is_compiling():
+        return _linear_op(x, weight, bias, activation)
+    if activation == "none" and torch.is_grad_enabled() and (
+            x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        return _EagerLinear.apply(x, weight, bias)
+    post_op, algorithm = POST_OPS[activation]
+    return LINEAR_POINTWISE(x, weight, bias, post_op, [], algorithm)
+
+
+def matmul_transposed(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``a @ b.T (+ bias)``: (N, I) x (O, I) -> (N, O), no autograd."""
+    if torch.compiler.is_compiling():
+        return _linear_op(a, b, bias, "none")
+    return LINEAR_POINTWISE(a, b, bias, "none", [], "")
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b``: (N, O) x (O, I) -> (N, I), no autograd."""
+    return _matmul_op(a, b) if torch.compiler.is_compiling() else _eager_matmul(a, b)
