@@ -2,7 +2,7 @@
 
 PyTorch multiplies float32 matrices on CPU with MKL (``nn.Linear``, ``torch.mm``). On an AMD EPYC Zen 4
 (AVX-512; 2 threads; 2026-11-24) oneDNN's ``linear`` (``torch.ops.mkldnn._linear_pointwise``, the
-kernel ``torch.compile``'s CPU backend emits) ran the products of a Transformer 10-20 % faster: the
+kernel ``torch.compile``'s CPU backend emits) ran the products of a Transformer 1-25 % faster: the
 all-MiniLM encoder's 4096 x 384 -> 1152 / 384 / 1536 and 4096 x 1536 -> 384 at 207-220 GFLOP/s against
 MKL's 182-194, a training step's (N, O) x (O, I) input gradient likewise, and the loss's
 1024 x 256 -> 8192 logits at 140 against 110. The weight gradient (O, N) x (N, I), whose first operand
@@ -18,8 +18,7 @@ bias gradients through MKL (without autograd, optionally with the FFN's activati
 same pass). ``matmul_transposed`` / ``matmul`` are the two oneDNN-friendly products the chunked loss
 needs. While ``torch.compile`` traces they are custom operators (``aiayn::onednn_linear``,
 ``aiayn::onednn_matmul``), so compiled graphs keep them instead of falling back to MKL; eager calls
-skip the operator dispatch. Results equal MKL's up
-to summation order (tests/test_onednn_linear.py).
+skip the operator dispatch. Results equal MKL's up to summation order (tests/test_onednn_linear.py).
 
 ``applies`` keeps the plain path off CPU, outside float32, under autocast, for tensor subclasses
 (FSDP's DTensor) and below MIN_ROWS rows (decoding steps have their own paths,
