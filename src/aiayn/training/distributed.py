@@ -121,7 +121,8 @@ def compile_layers(module: nn.Module) -> int:
     linear_cross_entropy``), which never builds the (N, V) logits. Measured (``python3
     benchmarks/run_all.py --compile``, AMD EPYC Zen 4, 2 threads, medians of three runs): the
     compiled whole model 1.12x HF GPT-2's training step, the compiled layers 1.29x (the eager step
-    1.31x).
+    1.31x). Identical layers share compiled code: the benchmark's 4 layers make 2 graphs, no graph
+    break, and the first step takes ~3 s.
     """
     layers = transformer_layers(module)
     if not layers:
