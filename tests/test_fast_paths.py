@@ -232,7 +232,7 @@ def test_onednn_default_follows_the_cpu():
 def test_large_rows_onednn_switched_off_is_the_plain_layer(monkeypatch):
     monkeypatch.setattr(onednn_linear, "enabled", False)
     layer = nn.Linear(24, 40)
-    x = torch.randn(2, inference_linear.MIN_ROWS, 24)
+    x = torch.randn(2, onednn_linear.MIN_ROWS, 24)
     assert not inference_linear.uses_onednn(x, layer)
     with torch.no_grad():
         assert not inference_linear.uses_onednn(x, layer)
@@ -244,7 +244,7 @@ def test_large_rows_onednn_switched_off_is_the_plain_layer(monkeypatch):
 def test_onednn_linear_with_fused_activation_equals_linear(activation, large_rows_onednn):
     torch.manual_seed(0)
     layer = nn.Linear(24, 40)
-    x = torch.randn(2, inference_linear.MIN_ROWS, 24)  # enough rows for the oneDNN path
+    x = torch.randn(2, onednn_linear.MIN_ROWS, 24)  # enough rows for the oneDNN path
     with torch.no_grad():
         assert inference_linear.uses_onednn(x, layer)
         fused = inference_linear.linear_activation(layer, x, activation)

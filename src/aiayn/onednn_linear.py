@@ -77,11 +77,20 @@ POST_OPS = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "none")
             "gelu_tanh": ("gelu", "tanh"), "silu": ("swish", "")}  # aiayn activation -> oneDNN
 
 
+def _product(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
+    """The oneDNN call itself: activation(x @ weight.T + bias), (…, I) -> (…, O)."""
+    post_op, algorithm = POST_OPS[activation]
+    return LINEAR_POINTWISE(x, weight, bias, post_op, [], algorithm)
+
+
+def _eager_matmul(a: Tensor, b: Tensor) -> Tensor:
+    return _product(a, b.t(), None)  # b.T: a view oneDNN reads in place
+
+
 @torch.library.custom_op("aiayn::onednn_linear", mutates_args=(),
                          schema="(Tensor x, Tensor weight, Tensor? bias, str activation) -> Tensor")
 def _linear_op(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str) -> Tensor:
-    post_op, algorithm = POST_OPS[activation]
-    return LINEAR_POINTWISE(x, weight, bias, post_op, [], algorithm)  # (…, O)
+    return _product(x, weight, bias, activation)
 
 
 @_linear_op.register_fake
@@ -92,7 +101,7 @@ def _(x, weight, bias, activation):
 @torch.library.custom_op("aiayn::onednn_matmul", mutates_args=(),
                          schema="(Tensor a, Tensor b) -> Tensor")
 def _matmul_op(a: Tensor, b: Tensor) -> Tensor:
-    return LINEAR_POINTWISE(a, b.t(), None, "none", [], "")  # b.T: a view oneDNN reads in place
+    return _eager_matmul(a, b)
 
 
 @_matmul_op.register_fake
@@ -127,10 +136,6 @@ _linear_op.register_autograd(lambda ctx, grad: (*_gradients(ctx, grad, _matmul_o
                              setup_context=_save_for_backward)
 
 
-def _eager_matmul(a: Tensor, b: Tensor) -> Tensor:
-    return LINEAR_POINTWISE(a, b.t(), None, "none", [], "")
-
-
 class _EagerLinear(torch.autograd.Function):
     """The same product and gradients as ``aiayn::onednn_linear`` without the custom operator's
     dispatch, which cost eager training steps 0.6-1 % (A/B in one process)."""
@@ -139,7 +144,7 @@ class _EagerLinear(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return LINEAR_POINTWISE(x, weight, bias, "none", [], "")  # (…, O)
+        return _product(x, weight, bias)  # (…, O)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -157,15 +162,14 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *,
     if activation == "none" and torch.is_grad_enabled() and (
             x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
         return _EagerLinear.apply(x, weight, bias)
-    post_op, algorithm = POST_OPS[activation]
-    return LINEAR_POINTWISE(x, weight, bias, post_op, [], algorithm)
+    return _product(x, weight, bias, activation)
 
 
 def matmul_transposed(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
     """``a @ b.T (+ bias)``: (N, I) x (O, I) -> (N, O), no autograd."""
     if torch.compiler.is_compiling():
         return _linear_op(a, b, bias, "none")
-    return LINEAR_POINTWISE(a, b, bias, "none", [], "")
+    return _product(a, b, bias)
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
