@@ -3,12 +3,12 @@
 Large products (``onednn_linear.MIN_ROWS`` rows and more) go through oneDNN's ``linear`` instead of
 ``nn.Linear``'s MKL GEMM where ``aiayn.onednn_linear`` says so: by default on CPUs with AVX-512,
 where oneDNN was 1-25 % faster (its docstring has the figures; on an AVX2 Zen 3 it was slower, on a
-Zen 1 faster, so it is off there unless switched on). Under autograd that is ``onednn_linear.linear`` (forward and input
-gradient through oneDNN); without a gradient to record (``torch.no_grad`` / ``torch.inference_mode``)
-the FFN's ReLU / GELU / SiLU is also applied in the same oneDNN pass over the output
-(``linear_activation``). Switched off, below those rows, off CPU, outside float32, under
-autocast, for a layer with forward hooks, or where the operator is missing, a product of many rows
-is exactly ``nn.Linear``.
+Zen 1 faster, so it is off there unless switched on). Under autograd that is
+``onednn_linear.linear`` (forward and input gradient through oneDNN); without a gradient to record
+(``torch.no_grad`` / ``torch.inference_mode``) the FFN's ReLU / GELU / SiLU is also applied in the
+same oneDNN pass over the output (``linear_activation``). Switched off, below those rows, off CPU,
+outside float32, under autocast, for a layer with forward hooks, or where the operator is missing, a
+product of many rows is exactly ``nn.Linear``.
 
 Decoding steps multiply a handful of rows (batch x beams) by the same weights step after step. There
 a derived copy of the weight is made once and reused while the weight is unchanged (``PackedWeights``):
