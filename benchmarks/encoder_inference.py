@@ -20,15 +20,22 @@ from peers import aiayn_from_hf, hf_bert, matmul_flops_per_token
 D_MODEL, HEADS, D_FF, LAYERS, VOCAB, LENGTH, BATCH = 384, 12, 1536, 6, 30522, 128, 32
 
 
+def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """The padded input: ids (B, T) and mask (B, T), True = real token, lengths 96..128."""
+    torch.manual_seed(0)
+    ids = torch.randint(1, VOCAB, (BATCH, LENGTH))
+    lengths = torch.randint(LENGTH * 3 // 4, LENGTH + 1, (BATCH,))
+    lengths[0] = LENGTH * 3 // 4
+    mask = torch.arange(LENGTH) < lengths[:, None]  # (B, T) True = real token
+    return ids.masked_fill(~mask, 0), mask
+
+
 def build_sides(which: list[str], padded: bool = False) -> dict:
     torch.manual_seed(0)
     ids = torch.randint(1, VOCAB, (BATCH, LENGTH))
     mask = None
     if padded:
-        lengths = torch.randint(LENGTH * 3 // 4, LENGTH + 1, (BATCH,))
-        lengths[0] = LENGTH * 3 // 4
-        mask = torch.arange(LENGTH) < lengths[:, None]  # (B, T) True = real token
-        ids = ids.masked_fill(~mask, 0)
+        ids, mask = padded_batch()
     hf = hf_bert(d_model=D_MODEL, layers=LAYERS, heads=HEADS, d_ff=D_FF, vocab=VOCAB,
                  positions=512).eval()
     sides = {}

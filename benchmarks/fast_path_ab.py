@@ -11,6 +11,9 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
 - ``greedy1``: the same at batch 1;
 - ``encoder``: encoder inference with large products through MKL ("before": ``nn.Linear``) and
   through oneDNN with the FFN activation fused ("after": ``aiayn.onednn_linear.enabled``);
+- ``encoder-padded``: encoder inference on the padded batch with the padding kept ("before") and
+  skipped (``aiayn.packed_sequences.enabled``), both with oneDNN's products; outputs compared at the
+  real positions;
 - ``lm``, ``seq2seq``, ``seq2seq-torch``: a training step of lm_train.py / seq2seq_train.py with
   oneDNN's products off and on (each its own model copy; the peer is HF GPT-2, HF Marian,
   ``torch.nn.Transformer``; "hf" in the output).
@@ -23,6 +26,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
 
     python3 benchmarks/fast_path_ab.py beam greedy greedy1 encoder --rounds 8
     python3 benchmarks/fast_path_ab.py lm seq2seq seq2seq-torch --rounds 10
+    python3 benchmarks/fast_path_ab.py encoder-padded --rounds 10
     python3 benchmarks/fast_path_ab.py greedy1 beam greedy --baseline pass3 --rounds 6
 """
 
@@ -43,7 +47,7 @@ import lm_train
 import seq2seq_train
 from peers import aiayn_from_hf, hf_marian
 
-from aiayn import inference_linear, onednn_linear
+from aiayn import inference_linear, onednn_linear, packed_sequences
 from aiayn.attention.cache import KVCache
 from aiayn.models.heads import OutputProjection
 
@@ -177,6 +181,22 @@ def encoder_variants() -> dict:
     return {"before": before, "after": after, "hf": sides["hf"]}
 
 
+def padded_encoder_variants() -> dict:
+    sides = encoder_inference.build_sides(["aiayn", "hf"], padded=True)
+
+    def before():
+        packed_sequences.enabled = False
+        try:
+            return sides["aiayn"]()
+        finally:
+            packed_sequences.enabled = True
+
+    real = encoder_inference.padded_batch()[1]  # (B, T) True = real token
+    difference = (sides["aiayn"]() - before())[real].abs().max().item()
+    assert difference < 1e-3, f"packed and padded encoder differ by {difference} at real tokens"
+    return {"before": before, "after": sides["aiayn"], "hf": sides["hf"]}
+
+
 def training_variants(ours: str, peer: str, build) -> dict:
     """A training step of the benchmark's aiayn side with oneDNN's products off ("before") and on
     ("after"), each on its own copy of the model and optimizer, and the peer's step."""
@@ -198,6 +218,7 @@ def training_variants(ours: str, peer: str, build) -> dict:
 
 VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "greedy1": lambda: greedy_variants(batch=1), "encoder": encoder_variants,
+            "encoder-padded": padded_encoder_variants,
             "lm": lambda: training_variants("aiayn", "hf",
                                             lambda which: lm_train.build_sides(256, which)),
             "seq2seq": lambda: training_variants("aiayn<-marian", "marian", seq2seq_train.build_sides),

@@ -21,6 +21,7 @@ from aiayn.config import TransformerConfig
 from aiayn.attention.kernels import make_kernel
 from aiayn.feedforward import FeedForward
 from aiayn.normalisation import apply_dropout, layer_norm
+from aiayn.packed_sequences import PackedBatch
 
 
 class Residual(nn.Module):
@@ -61,14 +62,19 @@ class EncoderLayer(nn.Module):
         self.feedforward_residual = Residual(config)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, D), mask broadcastable to (B, H, T, T). Returns (B, T, D) and the weights."""
+                need_weights: bool = False, packed: PackedBatch | None = None
+                ) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, D), mask broadcastable to (B, H, T, T). Returns (B, T, D) and the weights.
+
+        ``packed``: x (1, N, D) holds the real tokens of a padded batch back to back
+        (aiayn.packed_sequences); attention stays within each sequence.
+        """
         weights = None
 
         def attend(h: Tensor) -> Tensor:
             nonlocal weights
             out, weights = self.self_attention(h, mask=mask, causal=causal,
-                                               need_weights=need_weights)
+                                               need_weights=need_weights, packed=packed)
             return out
 
         x = self.attention_residual(x, attend)

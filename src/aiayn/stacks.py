@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from aiayn import packed_sequences
 from aiayn.attention.cache import DecoderCache
 from aiayn.attention.multihead import new_decoder_cache
 from aiayn.config import TransformerConfig
@@ -73,7 +74,24 @@ class Encoder(nn.Module):
             raise ValueError(f"token_types must have the shape of ids {tuple(ids.shape)}, got "
                              f"{tuple(token_types.shape)}")
         x = self.embeddings(ids, token_types=token_types)  # (B, S, D)
+        if padding_mask is not None and packed_sequences.applies(
+                padding_mask, any(layer.self_attention.kernel.uses_positions
+                                  for layer in self.layers)):
+            return self._forward_packed(x, padding_mask, need_weights)
         return self.forward_embedded(x, mask, need_weights=need_weights)
+
+    def _forward_packed(self, x: Tensor, padding_mask: Tensor, need_weights: bool
+                        ) -> tuple[Tensor, list[Tensor]]:
+        """The layers on the real tokens only (aiayn.packed_sequences); zeros at padded positions."""
+        packed, where = packed_sequences.pack(x, padding_mask)  # (1, N, D)
+        weights = []
+        for layer in self.layers:
+            packed, layer_weights = layer(packed, packed=where, need_weights=need_weights)
+            if need_weights:
+                weights.append(layer_weights)  # (B, H, S, S)
+        if self.norm is not None:
+            packed = self.norm(packed)
+        return packed_sequences.unpack(packed, where), weights  # (B, S, D)
 
     def forward_embedded(self, x: Tensor, mask: Tensor | None = None, *,
                          need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:

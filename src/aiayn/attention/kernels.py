@@ -44,6 +44,11 @@ def combine_masks(mask: Tensor | None, causal: bool, query_length: int, key_leng
 class AttentionKernel(nn.Module):
     """Interface of an attention kernel (see the module docstring)."""
 
+    # True when a query's result depends on the keys' absolute positions, not only on which keys it may
+    # attend to (the sparse patterns): such a kernel cannot attend a sequence moved to another offset
+    # (aiayn.packed_sequences).
+    uses_positions = False
+
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0) -> Tensor:
         raise NotImplementedError

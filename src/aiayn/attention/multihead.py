@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from aiayn.attention.cache import DecoderCache
 from aiayn.attention.kernels import AttentionKernel, ReferenceAttention
 from aiayn.inference_linear import linear
+from aiayn.packed_sequences import PackedBatch
 
 
 class MultiHeadAttention(nn.Module):
@@ -74,17 +75,29 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
                 causal: bool = False, cache: DecoderCache | None = None, layer_index: int = 0,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, packed: PackedBatch | None = None
+                ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (B, T, D) to itself, or to ``memory`` (B, S, D) for cross-attention.
 
         ``mask`` broadcasts to (B, H, T, S), True = may attend; ``causal`` adds a right-aligned causal
         mask. With a ``cache``, ``x`` holds the T newest positions, starting at ``cache.length``.
+        ``packed``: x (1, N, D) is the real tokens of a padded batch back to back
+        (aiayn.packed_sequences); each sequence attends to itself only (self-attention, no mask or
+        cache), and the weights come in the padded batch's layout (B, H, T, T), zero at padding.
         Returns the output (B, T, D) (always from the layer's own kernel) and, if ``need_weights``, the
         weights (B, H, T, S) before dropout, computed by the reference kernel.
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"attention input must have shape (B, T, D={self.d_model}), got "
                              f"{tuple(x.shape)}")
+        if packed is not None:
+            if self.cross or memory is not None or mask is not None or causal or cache is not None:
+                raise ValueError("packed sequences are for self-attention without a mask, causal "
+                                 "mask or cache")
+            if x.shape[0] != 1 or x.shape[1] != packed.tokens:
+                raise ValueError(f"packed sequences must be x of shape (1, N={packed.tokens}, D), "
+                                 f"got {tuple(x.shape)}")
+            return self._attend_packed(x, packed, need_weights)
         if memory is not None and (memory.dim() != 3 or memory.shape[-1] != self.d_model):
             raise ValueError(f"memory must have shape (B, S, D={self.d_model}), got "
                              f"{tuple(memory.shape)}")
@@ -125,6 +138,27 @@ class MultiHeadAttention(nn.Module):
             out = _unfold_groups(out, group)  # (B, H, T, Dh)
             weights = None if weights is None else _unfold_groups(weights, group)  # (B, H, T, S)
         return self._merge(out, batch, length), weights
+
+    def _attend_packed(self, x: Tensor, packed: PackedBatch, need_weights: bool
+                       ) -> tuple[Tensor, Tensor | None]:
+        """Self-attention within each packed sequence of x (1, N, D) -> (1, N, D), weights."""
+        q, k, v = self._project_query_key_value(x)  # (1, H, N, Dh) each
+        dropout = self.dropout if self.training else 0.0
+        weights = (q.new_zeros(packed.batch, self.n_heads, packed.length, packed.length)
+                   if need_weights else None)  # (B, H, T, T)
+        parts = []
+        for sequence, (start, end) in enumerate(packed.spans()):
+            if end == start:
+                continue
+            q_part, k_part, v_part = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]
+            out = self.kernel(q_part, k_part, v_part, dropout=dropout)  # (1, H, L, Dh)
+            parts.append(out.transpose(1, 2))  # (1, L, H, Dh)
+            if need_weights:
+                at = packed.positions(sequence)  # (L,)
+                weights[sequence][:, at[:, None], at] = ReferenceAttention().with_weights(
+                    q_part, k_part, v_part)[1][0]  # (H, L, L)
+        out = torch.cat(parts, dim=1)  # (1, N, H, Dh)
+        return linear(self.out_proj, out.view(1, packed.tokens, self.d_model)), weights
 
     def _merge(self, out: Tensor, batch: int, length: int) -> Tensor:
         out = out.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, T, D): concat heads

@@ -344,6 +344,8 @@ class SparseAttention(AttentionKernel):
         ValueError: a bad pattern, window, stride or stride_count.
     """
 
+    uses_positions = True  # blocks are laid out by absolute position
+
     def __init__(self, pattern: str = "local+strided", window: int = 128, stride: int = 128,
                  stride_count: int | None = None):
         super().__init__()
