@@ -161,3 +161,13 @@ def test_packed_attention_input_is_checked():
     cross = MultiHeadAttention(32, 4, FusedAttention(), cross=True).eval()
     with pytest.raises(ValueError, match="without a mask"):
         cross(x, torch.randn(1, 3, 32), packed=packed)
+
+
+def test_a_compiled_encoder_keeps_the_padded_batch():
+    model, config = _encoder()
+    ids, mask = _batch(config, [12, 4, 7])
+    with torch.inference_mode():
+        eager = model(ids, padding_mask=mask)
+        compiled = torch.compile(model, fullgraph=True)(ids, padding_mask=mask)  # no graph break
+    torch.testing.assert_close(compiled[mask], eager[mask], atol=2e-5, rtol=1e-5)
+    assert compiled[~mask].abs().sum() > 0  # the plain path: padded positions computed

@@ -13,7 +13,8 @@ every consumer masks out: pooling, the losses, cross-attention).
 
 Used by ``aiayn.stacks.Encoder`` when ``applies``: no gradient being recorded (``torch.no_grad`` /
 ``torch.inference_mode``; training keeps the padded batch, whose padded rows its backward expects),
-CPU (measured there; on a GPU the per-sequence attention calls are one launch each), at least
+CPU (measured there; on a GPU the per-sequence attention calls are one launch each), outside a
+``torch.compile`` trace (the packed length depends on the data), at least
 ``MIN_PADDED_FRACTION`` of the positions padding, and attention kernels whose result for a sequence
 does not depend on where it sits (``AttentionKernel.uses_positions`` False: not the sparse patterns,
 whose blocks are laid out by absolute position). ``enabled = False`` switches it off.
@@ -69,7 +70,8 @@ class PackedBatch:
 
 def applies(padding_mask: Tensor, uses_positions: bool) -> bool:
     """Whether an encoder forward with this (B, T) padding mask runs packed (see the module doc)."""
-    if not enabled or uses_positions or torch.is_grad_enabled() or padding_mask.device.type != "cpu":
+    if (not enabled or uses_positions or torch.is_grad_enabled() or padding_mask.device.type != "cpu"
+            or torch.compiler.is_compiling()):  # data-dependent shapes would break the graph
         return False
     padded = padding_mask.numel() - int(padding_mask.sum())
     return padded >= MIN_PADDED_FRACTION * padding_mask.numel() and padded < padding_mask.numel()
