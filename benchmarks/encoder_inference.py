@@ -2,7 +2,7 @@
 
 all-MiniLM-L6-v2's shapes (d_model 384, 12 heads, d_ff 1536, 6 layers, vocabulary 30522), sequence 128,
 batch 32, random weights copied from the HF model into aiayn. Two inputs: full-length rows (no mask) and
-a padded batch (a quarter of each row is padding) with its attention mask on both sides.
+a padded batch (lengths 96..128, 13 % of the positions padding) with its attention mask on both sides.
 
     python3 benchmarks/encoder_inference.py
 """
