@@ -9,7 +9,7 @@ the plain path's, padded positions included. Translation decodes the same tokens
 import pytest
 import torch
 
-from aiayn import Transformer, TransformerConfig, packed_sequences
+from aiayn import MaskedLM, SequenceClassifier, Transformer, TransformerConfig, packed_sequences
 from aiayn.attention.multihead import MultiHeadAttention
 from aiayn.attention.kernels import FusedAttention
 from aiayn.decoding.beam import beam_search
@@ -50,6 +50,19 @@ def test_packed_encoder_equals_padded_at_real_positions(kernel, norm_first):
     torch.testing.assert_close(packed[mask], padded[mask], atol=2e-5, rtol=1e-5)
     assert torch.equal(packed[~mask], torch.zeros_like(packed[~mask]))
     assert padded[~mask].abs().sum() > 0  # the padded path did compute those positions
+
+
+@pytest.mark.parametrize("pooling", ["first", "mean"])
+def test_classifier_and_masked_lm_heads_see_the_same_real_tokens(pooling):
+    config = TransformerConfig.preset("tiny", num_labels=3, pooling=pooling, norm_first=True)
+    ids, mask = _batch(config, [12, 3, 8, 10])
+    classifier, masked_lm = SequenceClassifier(config).eval(), MaskedLM(config).eval()
+    with torch.inference_mode():
+        torch.testing.assert_close(classifier(ids, padding_mask=mask),
+                                   _padded_forward(classifier, ids, mask), atol=2e-5, rtol=1e-5)
+        logits = masked_lm(ids, padding_mask=mask)  # (B, T, V)
+        torch.testing.assert_close(logits[mask], _padded_forward(masked_lm, ids, mask)[mask],
+                                   atol=2e-5, rtol=1e-5)
 
 
 def test_left_padding_gaps_and_an_empty_sequence():
