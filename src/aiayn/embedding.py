@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
@@ -41,8 +42,20 @@ class Embeddings(nn.Module):
 
     def forward(self, ids: Tensor, *, start: int = 0, positions: Tensor | None = None,
                 token_types: Tensor | None = None) -> Tensor:
-        """Embed ``ids`` (B, T) that sit at positions ``start ..`` (or at explicit ``positions``)."""
-        x = self.tokens(ids)  # (B, T, D)
+        """Embed ``ids`` (B, T) that sit at positions ``start ..`` (or at explicit ``positions``).
+
+        Raises:
+            ValueError: an id outside the vocabulary (on CPU; CUDA asserts on the device instead).
+        """
+        if torch.compiler.is_compiling():
+            x = self.tokens(ids)  # (B, T, D)
+        else:
+            try:  # no range check on the way in: it would cost decoding steps a reduction each
+                x = self.tokens(ids)  # (B, T, D)
+            except IndexError:
+                vocab = self.tokens.num_embeddings
+                raise ValueError(f"token ids must lie in [0, vocab_size={vocab}), got ids from "
+                                 f"{int(ids.min())} to {int(ids.max())}") from None
         if self.scale != 1.0:
             x = x * self.scale
         if self.positions is not None:
