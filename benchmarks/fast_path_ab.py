@@ -14,6 +14,9 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
 - ``encoder-padded``: encoder inference on the padded batch with the padding kept ("before") and
   skipped (``aiayn.packed_sequences.enabled``), both with oneDNN's products; outputs compared at the
   real positions;
+- ``encoder-train-padded``: a training step (forward, backward, AdamW) of the same encoder on the
+  padded batch, padding kept and skipped, against HF's ``BertModel``; the loss reads the real
+  positions only (the mean square of their hidden states), as a task loss does;
 - ``lm``, ``seq2seq``, ``seq2seq-torch``: a training step of lm_train.py / seq2seq_train.py with
   oneDNN's products off and on (each its own model copy; the peer is HF GPT-2, HF Marian,
   ``torch.nn.Transformer``; "hf" in the output).
@@ -26,7 +29,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
 
     python3 benchmarks/fast_path_ab.py beam greedy greedy1 encoder --rounds 8
     python3 benchmarks/fast_path_ab.py lm seq2seq seq2seq-torch --rounds 10
-    python3 benchmarks/fast_path_ab.py encoder-padded --rounds 10
+    python3 benchmarks/fast_path_ab.py encoder-padded encoder-train-padded --rounds 10
     python3 benchmarks/fast_path_ab.py greedy1 beam greedy --baseline pass3 --rounds 6
 """
 
@@ -197,6 +200,47 @@ def padded_encoder_variants() -> dict:
     return {"before": before, "after": sides["aiayn"], "hf": sides["hf"]}
 
 
+def padded_encoder_training_variants() -> dict:
+    """Training steps on the padded batch: aiayn with the padding kept ("before", its own model and
+    optimizer) and skipped ("after"), and HF's BertModel, all from the same weights."""
+    from common import aiayn_optimizer, peer_optimizer
+    from peers import hf_bert
+
+    ids, mask = encoder_inference.padded_batch()
+    torch.manual_seed(0)
+    shapes = dict(d_model=encoder_inference.D_MODEL, layers=encoder_inference.LAYERS,
+                  heads=encoder_inference.HEADS, d_ff=encoder_inference.D_FF,
+                  vocab=encoder_inference.VOCAB, positions=512)
+    hf = hf_bert(**shapes).train()
+    ours = {name: aiayn_from_hf(hf).train() for name in ("before", "after")}
+    optimizers = {name: aiayn_optimizer(model) for name, model in ours.items()}
+    hf_optimizer = peer_optimizer(hf, fused=True)
+    hf_mask = mask.long()
+
+    def step(name: str):
+        packed_sequences.enabled = name == "after"
+        try:
+            loss = ours[name](ids, padding_mask=mask)[mask].pow(2).mean()
+            loss.backward()
+        finally:
+            packed_sequences.enabled = True
+        optimizers[name].step()
+        optimizers[name].zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def hf_step():
+        hidden = hf(input_ids=ids, attention_mask=hf_mask).last_hidden_state
+        loss = hidden[mask].pow(2).mean()
+        loss.backward()
+        hf_optimizer.step()
+        hf_optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    difference = abs(step("before").item() - step("after").item())  # same weights and batch
+    assert difference < 1e-4, f"packed and padded training losses differ by {difference}"
+    return {"before": lambda: step("before"), "after": lambda: step("after"), "hf": hf_step}
+
+
 def training_variants(ours: str, peer: str, build) -> dict:
     """A training step of the benchmark's aiayn side with oneDNN's products off ("before") and on
     ("after"), each on its own copy of the model and optimizer, and the peer's step."""
@@ -219,6 +263,7 @@ def training_variants(ours: str, peer: str, build) -> dict:
 VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "greedy1": lambda: greedy_variants(batch=1), "encoder": encoder_variants,
             "encoder-padded": padded_encoder_variants,
+            "encoder-train-padded": padded_encoder_training_variants,
             "lm": lambda: training_variants("aiayn", "hf",
                                             lambda which: lm_train.build_sides(256, which)),
             "seq2seq": lambda: training_variants("aiayn<-marian", "marian", seq2seq_train.build_sides),

@@ -15,6 +15,7 @@ from aiayn.attention.kernels import FusedAttention
 from aiayn.decoding.beam import beam_search
 from aiayn.decoding.greedy import greedy_search
 from aiayn.models import TransformerEncoder
+from aiayn.training.distributed import apply_activation_checkpointing, compile_layers
 
 
 def _padded_forward(model, ids, mask):
@@ -83,10 +84,6 @@ def test_left_padding_gaps_and_an_empty_sequence():
 def test_not_applied_when_it_must_not_be():
     model, config = _encoder()
     ids, mask = _batch(config, [12, 4, 7])
-    # gradients recorded (training): the padded batch, padded positions computed
-    out = model(ids, padding_mask=mask)
-    assert out[~mask].abs().sum() > 0
-    torch.testing.assert_close(out.detach(), _padded_forward(model, ids, mask).detach())
     with torch.inference_mode():
         # too little padding to pay for the per-sequence attention calls
         few = torch.ones(2, 40, dtype=torch.bool)
@@ -184,3 +181,63 @@ def test_a_compiled_encoder_keeps_the_padded_batch():
         compiled = torch.compile(model, fullgraph=True)(ids, padding_mask=mask)  # no graph break
     torch.testing.assert_close(compiled[mask], eager[mask], atol=2e-5, rtol=1e-5)
     assert compiled[~mask].abs().sum() > 0  # the plain path: padded positions computed
+
+
+def _gradients(model, loss_of):
+    model.zero_grad()
+    loss = loss_of(model)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()
+                           if p.grad is not None}
+
+
+def _padded(loss_of):
+    def padded_loss(model):
+        packed_sequences.enabled = False
+        try:
+            return loss_of(model)
+        finally:
+            packed_sequences.enabled = True
+    return padded_loss
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_training_gives_the_padded_loss_and_gradients(checkpointed):
+    torch.manual_seed(5)
+    config = TransformerConfig.preset("tiny", num_labels=3, pooling="mean")
+    ids, mask = _batch(config, [12, 3, 8, 10])
+    labels = torch.tensor([0, 2, 1, 1])
+    source = torch.randint(3, config.vocab_size, (3, 11))
+    source_mask = torch.arange(11) < torch.tensor([11, 4, 7])[:, None]
+    target = torch.randint(3, config.vocab_size, (3, 6))
+    cases = [
+        (SequenceClassifier(config).train(),
+         lambda m: torch.nn.functional.cross_entropy(m(ids, padding_mask=mask), labels)),
+        (MaskedLM(config).train(),
+         lambda m: m(ids, padding_mask=mask)[mask].logsumexp(-1).mean()),
+        (Transformer(config).train(),
+         lambda m: m(source, target, src_padding_mask=source_mask).logsumexp(-1).mean()),
+    ]
+    for model, loss_of in cases:
+        if checkpointed:
+            apply_activation_checkpointing(model)
+        assert packed_sequences.applies(mask, uses_positions=False)
+        loss, grads = _gradients(model, loss_of)
+        padded_loss, padded_grads = _gradients(model, _padded(loss_of))
+        torch.testing.assert_close(loss, padded_loss, atol=1e-5, rtol=1e-5)
+        assert grads.keys() == padded_grads.keys()
+        for name in grads:
+            torch.testing.assert_close(grads[name], padded_grads[name], atol=1e-5, rtol=1e-4,
+                                       msg=name)
+
+
+def test_dropout_in_training_and_compiled_layers():
+    model, config = _encoder(dropout=0.3)
+    model.train()
+    ids, mask = _batch(config, [12, 4, 7])
+    out = model(ids, padding_mask=mask)
+    assert torch.equal(out[~mask], torch.zeros_like(out[~mask]))  # packed, dropout active
+    out.sum().backward()
+    assert model.encoder.skips_padding
+    compile_layers(model)  # a compiled layer would recompile for every packed length
+    assert not model.encoder.skips_padding

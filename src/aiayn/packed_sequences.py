@@ -1,4 +1,4 @@
-"""Skipping the padding of a batch at inference: its real tokens, back to back.
+"""Skipping the padding of a batch: its real tokens, back to back.
 
 Everything in an encoder layer except attention works on each position alone (the projections, the
 FFN, LayerNorm, the residual adds), so a padded batch x (B, T, D) can run all of it on its N real
@@ -9,12 +9,14 @@ path does the same with nested tensors; Hugging Face's BERT computes every padde
 
 Outputs at real positions equal the padded computation's up to summation order. At padded positions
 they are zero: never computed (the padded computation fills them with values that mean nothing, which
-every consumer masks out: pooling, the losses, cross-attention).
+every consumer masks out: pooling, the losses, cross-attention). So do gradients: no real position
+ever depended on a padded one. In training, dropout draws its masks for the N packed rows instead of
+the B * T padded ones (the same distribution, another random stream).
 
-Used by ``aiayn.stacks.Encoder`` when ``applies``: no gradient being recorded (``torch.no_grad`` /
-``torch.inference_mode``; training keeps the padded batch, whose padded rows its backward expects),
-CPU (measured there; on a GPU the per-sequence attention calls are one launch each), outside a
-``torch.compile`` trace (the packed length depends on the data), at least
+Used by ``aiayn.stacks.Encoder`` when ``applies``: CPU (measured there; on a GPU the per-sequence
+attention calls are one launch each), outside a ``torch.compile`` trace (the packed length depends
+on the data; ``aiayn.training.distributed.compile_layers`` turns it off for the encoders whose layers
+it compiles, which would otherwise recompile for every batch), at least
 ``MIN_PADDED_FRACTION`` of the positions padding, and attention kernels whose result for a sequence
 does not depend on where it sits (``AttentionKernel.uses_positions`` False: not the sparse patterns,
 whose blocks are laid out by absolute position). ``enabled = False`` switches it off.
@@ -54,6 +56,11 @@ class PackedBatch:
     def tokens(self) -> int:
         return self.rows.shape[0]
 
+    @property
+    def lengths(self) -> list[int]:
+        """Real tokens per sequence (B,)."""
+        return [end - start for start, end in self.spans()]
+
     def spans(self) -> list[tuple[int, int]]:
         """(start, end) of each sequence among the packed rows, in batch order."""
         return list(zip(self.offsets[:-1], self.offsets[1:]))
@@ -66,7 +73,7 @@ class PackedBatch:
 
 def applies(padding_mask: Tensor, uses_positions: bool) -> bool:
     """Whether an encoder forward with this (B, T) padding mask runs packed (see the module doc)."""
-    if (not enabled or uses_positions or torch.is_grad_enabled() or padding_mask.device.type != "cpu"
+    if (not enabled or uses_positions or padding_mask.device.type != "cpu"
             or torch.compiler.is_compiling()):  # data-dependent shapes would break the graph
         return False
     padded = padding_mask.numel() - int(padding_mask.sum())

@@ -53,7 +53,13 @@ def final_norm(config: TransformerConfig) -> nn.Module | None:
 
 
 class Encoder(nn.Module):
-    """Token ids (B, S) -> hidden states (B, S, D)."""
+    """Token ids (B, S) -> hidden states (B, S, D).
+
+    ``skips_padding``: a padded batch runs on its real tokens only where ``aiayn.packed_sequences``
+    applies (False: always the padded batch; ``compile_layers`` sets it for compiled layers).
+    """
+
+    skips_padding = True
 
     def __init__(self, config: TransformerConfig, tokens: nn.Embedding):
         super().__init__()
@@ -74,7 +80,7 @@ class Encoder(nn.Module):
             raise ValueError(f"token_types must have the shape of ids {tuple(ids.shape)}, got "
                              f"{tuple(token_types.shape)}")
         x = self.embeddings(ids, token_types=token_types)  # (B, S, D)
-        if padding_mask is not None and packed_sequences.applies(
+        if padding_mask is not None and self.skips_padding and packed_sequences.applies(
                 padding_mask, any(layer.self_attention.kernel.uses_positions
                                   for layer in self.layers)):
             return self._forward_packed(x, padding_mask, need_weights)

@@ -147,10 +147,13 @@ class MultiHeadAttention(nn.Module):
         weights = (q.new_zeros(packed.batch, self.n_heads, packed.length, packed.length)
                    if need_weights else None)  # (B, H, T, T)
         parts = []
-        for sequence, (start, end) in enumerate(packed.spans()):
-            if end == start:
+        # split, not a slice per sequence: its backward is one cat, where B slices' backwards would
+        # each zero-fill and add into a gradient of all N rows.
+        lengths = packed.lengths
+        pieces = zip(q.split(lengths, dim=2), k.split(lengths, dim=2), v.split(lengths, dim=2))
+        for sequence, (q_part, k_part, v_part) in enumerate(pieces):  # (1, H, L, Dh) each
+            if q_part.shape[2] == 0:
                 continue
-            q_part, k_part, v_part = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]
             out = self.kernel(q_part, k_part, v_part, dropout=dropout)  # (1, H, L, Dh)
             parts.append(out.transpose(1, 2))  # (1, L, H, Dh)
             if need_weights:
