@@ -158,7 +158,7 @@ def test_packed_attention_input_is_checked():
     attention = MultiHeadAttention(32, 4, FusedAttention()).eval()
     mask = torch.tensor([[True] * 4 + [False], [True] * 5])
     x, packed = packed_sequences.pack(torch.randn(2, 5, 32), mask)  # (1, 9, 32)
-    assert packed.offsets == [0, 4, 9] and packed.spans() == [(0, 4), (4, 9)]
+    assert packed.offsets == [0, 4, 9] and packed.lengths == [4, 5]
     assert packed.positions(1).tolist() == [0, 1, 2, 3, 4]
     with torch.inference_mode():
         assert attention(x, packed=packed)[0].shape == (1, 9, 32)

@@ -59,11 +59,7 @@ class PackedBatch:
     @property
     def lengths(self) -> list[int]:
         """Real tokens per sequence (B,)."""
-        return [end - start for start, end in self.spans()]
-
-    def spans(self) -> list[tuple[int, int]]:
-        """(start, end) of each sequence among the packed rows, in batch order."""
-        return list(zip(self.offsets[:-1], self.offsets[1:]))
+        return [end - start for start, end in zip(self.offsets[:-1], self.offsets[1:])]
 
     def positions(self, sequence: int) -> Tensor:
         """(L,) where the packed tokens of ``sequence`` sit in its padded row."""
