@@ -72,9 +72,11 @@ def beam_loop(model, src: torch.Tensor, beams: int, new_tokens: int, *,
     for step in range(new_tokens):
         logits = (model.decode(tokens, memory, cache=cache)[:, -1] if step == 0
                   else step_logits(model, tokens, None, cache))
-        log_probs = logits.float().log_softmax(dim=-1)  # (B*K, V)
+        if step == 0:
+            log_probs = torch.empty_like(logits)  # one buffer for every step, as in beam_search
+        torch.log_softmax(logits, dim=-1, out=log_probs)  # (B*K, V)
         vocab = log_probs.shape[-1]
-        candidates = (scores.view(-1, 1) + log_probs).view(batch, beams * vocab)
+        candidates = log_probs.add_(scores.view(-1, 1)).view(batch, beams * vocab)
         scores, flat = candidates.topk(beams, dim=-1)  # (B, K)
         origin = (flat // vocab + offsets).view(-1)  # (B*K,) rows that survive
         tokens = (flat % vocab).view(-1, 1)

