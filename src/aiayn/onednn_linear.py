@@ -32,7 +32,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-MIN_ROWS = 256  # below this, MKL's GEMM is faster than unpacked oneDNN (measured: 8-16 rows)
+# Below this, MKL's GEMM is as fast or faster than unpacked oneDNN. Measured on the Zen 4 (2 threads,
+# docs/performance.md, ninth pass): at 64-192 rows oneDNN won on most Transformer shapes of widths
+# 256-768 (1.02-1.36x; square (D, D) products 0.90-1.09x), whole encoder forwards at 100-192 rows
+# 1.06-1.09x, training steps at 64 / 128 / 192 rows 1.02x / 1.09x / 1.09x; at 8-48 rows the (D, D)
+# products lost (0.62-0.84x).
+MIN_ROWS = 64
 
 
 def _linear_pointwise():
