@@ -19,7 +19,10 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
   positions only (the mean square of their hidden states), as a task loss does;
 - ``lm``, ``seq2seq``, ``seq2seq-torch``: a training step of lm_train.py / seq2seq_train.py with
   oneDNN's products off and on (each its own model copy; the peer is HF GPT-2, HF Marian,
-  ``torch.nn.Transformer``; "hf" in the output).
+  ``torch.nn.Transformer``; "hf" in the output);
+- ``encoder-128-rows``, ``seq2seq-128-rows``: encoder inference of one 128-token sequence and a
+  training step of seq2seq_train.py at batch 2 (128 rows a product) with oneDNN's products from
+  256 rows ("before", ``onednn_linear.MIN_ROWS`` until the ninth pass) and from ``MIN_ROWS``.
 
 ``--baseline pass2`` switches off the fast paths of the decode passes after the first (derived
 weights for few rows, ``aiayn.inference_linear.small_rows_linear``, the packed layer weights and the
@@ -30,6 +33,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
     python3 benchmarks/fast_path_ab.py beam greedy greedy1 encoder --rounds 8
     python3 benchmarks/fast_path_ab.py lm seq2seq seq2seq-torch --rounds 10
     python3 benchmarks/fast_path_ab.py encoder-padded encoder-train-padded --rounds 10
+    python3 benchmarks/fast_path_ab.py encoder-128-rows seq2seq-128-rows --rounds 20
     python3 benchmarks/fast_path_ab.py greedy1 beam greedy --baseline pass3 --rounds 6
 """
 
@@ -109,6 +113,31 @@ def onednn(on: bool):
         yield
     finally:
         onednn_linear.enabled = saved
+
+
+@contextlib.contextmanager
+def onednn_from_rows(rows: int):
+    """``aiayn.onednn_linear.MIN_ROWS`` set to ``rows`` for the duration."""
+    saved = onednn_linear.MIN_ROWS
+    onednn_linear.MIN_ROWS = rows
+    try:
+        yield
+    finally:
+        onednn_linear.MIN_ROWS = saved
+
+
+ROWS_BEFORE = 256  # onednn_linear.MIN_ROWS until the ninth pass
+
+
+@contextlib.contextmanager
+def batch_of(module, batch: int):
+    """A benchmark module's ``BATCH`` set to ``batch`` while its sides are built."""
+    saved = module.BATCH
+    module.BATCH = batch
+    try:
+        yield
+    finally:
+        module.BATCH = saved
 
 
 @torch.inference_mode()
@@ -260,6 +289,35 @@ def training_variants(ours: str, peer: str, build) -> dict:
     return {"before": before, "after": after, "hf": sides[peer]}
 
 
+def few_rows_encoder_variants() -> dict:
+    with batch_of(encoder_inference, 1):  # one sequence of 128 tokens: 128 rows a product
+        sides = encoder_inference.build_sides(["aiayn", "hf"])
+
+    def before():
+        with onednn_from_rows(ROWS_BEFORE):
+            return sides["aiayn"]()
+
+    difference = (sides["aiayn"]() - before()).abs().max().item()
+    assert difference < 1e-3, f"oneDNN and MKL encoder differ by {difference}"
+    return {"before": before, "after": sides["aiayn"], "hf": sides["hf"]}
+
+
+def few_rows_training_variants() -> dict:
+    """seq2seq_train.py's step at batch 2 (2 x 64 = 128 rows), each side its own model copy."""
+    with batch_of(seq2seq_train, 2):
+        sides = seq2seq_train.build_sides(["aiayn<-marian", "marian"])
+        sides_after = seq2seq_train.build_sides(["aiayn<-marian"])
+
+    def before():
+        with onednn_from_rows(ROWS_BEFORE):
+            return sides["aiayn<-marian"]()
+
+    after = sides_after["aiayn<-marian"]
+    difference = abs(before().item() - after().item())  # the first step: same weights and batch
+    assert difference < 1e-4, f"oneDNN and MKL training losses differ by {difference}"
+    return {"before": before, "after": after, "hf": sides["marian"]}
+
+
 VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "greedy1": lambda: greedy_variants(batch=1), "encoder": encoder_variants,
             "encoder-padded": padded_encoder_variants,
@@ -268,7 +326,9 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
                                             lambda which: lm_train.build_sides(256, which)),
             "seq2seq": lambda: training_variants("aiayn<-marian", "marian", seq2seq_train.build_sides),
             "seq2seq-torch": lambda: training_variants("aiayn<-torch.nn", "torch.nn",
-                                                       seq2seq_train.build_sides)}
+                                                       seq2seq_train.build_sides),
+            "encoder-128-rows": few_rows_encoder_variants,
+            "seq2seq-128-rows": few_rows_training_variants}
 
 
 def measure(variants: dict, rounds: int) -> dict[str, float]:
@@ -296,8 +356,8 @@ def main(argv: list[str]) -> None:
     setup()
     for name in args.which:
         median = measure(VARIANTS[name](), args.rounds)
-        print(f"{name:<8} before {median['before'] * 1e3:8.0f} ms  after {median['after'] * 1e3:8.0f} ms"
-              f"  hf {median['hf'] * 1e3:8.0f} ms  before/after {median['before'] / median['after']:.3f}"
+        print(f"{name:<8} before {median['before'] * 1e3:8.1f} ms  after {median['after'] * 1e3:8.1f} ms"
+              f"  hf {median['hf'] * 1e3:8.1f} ms  before/after {median['before'] / median['after']:.3f}"
               f"  hf/after {median['hf'] / median['after']:.3f}  hf/before "
               f"{median['hf'] / median['before']:.3f}", flush=True)
 
