@@ -105,39 +105,17 @@ def plain_decoding():
 
 
 @contextlib.contextmanager
-def onednn(on: bool):
-    """``aiayn.onednn_linear.enabled`` (large products through oneDNN) set to ``on`` for the duration."""
-    saved = onednn_linear.enabled
-    onednn_linear.enabled = on
+def setting(module, name: str, value):
+    """``module.name`` set to ``value`` for the duration (a module switch or a benchmark's shape)."""
+    saved = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        onednn_linear.enabled = saved
-
-
-@contextlib.contextmanager
-def onednn_from_rows(rows: int):
-    """``aiayn.onednn_linear.MIN_ROWS`` set to ``rows`` for the duration."""
-    saved = onednn_linear.MIN_ROWS
-    onednn_linear.MIN_ROWS = rows
-    try:
-        yield
-    finally:
-        onednn_linear.MIN_ROWS = saved
+        setattr(module, name, saved)
 
 
 ROWS_BEFORE = 256  # onednn_linear.MIN_ROWS until the ninth pass
-
-
-@contextlib.contextmanager
-def batch_of(module, batch: int):
-    """A benchmark module's ``BATCH`` set to ``batch`` while its sides are built."""
-    saved = module.BATCH
-    module.BATCH = batch
-    try:
-        yield
-    finally:
-        module.BATCH = saved
 
 
 @torch.inference_mode()
@@ -201,11 +179,11 @@ def encoder_variants() -> dict:
     sides = encoder_inference.build_sides(["aiayn", "hf"])
 
     def before():
-        with onednn(False):
+        with setting(onednn_linear, "enabled", False):
             return sides["aiayn"]()
 
     def after():
-        with onednn(True):
+        with setting(onednn_linear, "enabled", True):
             return sides["aiayn"]()
 
     difference = (after() - before()).abs().max().item()
@@ -277,11 +255,11 @@ def training_variants(ours: str, peer: str, build) -> dict:
     sides_after = build([ours])
 
     def before():
-        with onednn(False):
+        with setting(onednn_linear, "enabled", False):
             return sides[ours]()
 
     def after():
-        with onednn(True):
+        with setting(onednn_linear, "enabled", True):
             return sides_after[ours]()
 
     difference = abs(before().item() - after().item())  # the first step: same weights and batch
@@ -290,11 +268,11 @@ def training_variants(ours: str, peer: str, build) -> dict:
 
 
 def few_rows_encoder_variants() -> dict:
-    with batch_of(encoder_inference, 1):  # one sequence of 128 tokens: 128 rows a product
+    with setting(encoder_inference, "BATCH", 1):  # one sequence of 128 tokens: 128 rows a product
         sides = encoder_inference.build_sides(["aiayn", "hf"])
 
     def before():
-        with onednn_from_rows(ROWS_BEFORE):
+        with setting(onednn_linear, "MIN_ROWS", ROWS_BEFORE):
             return sides["aiayn"]()
 
     difference = (sides["aiayn"]() - before()).abs().max().item()
@@ -304,12 +282,12 @@ def few_rows_encoder_variants() -> dict:
 
 def few_rows_training_variants() -> dict:
     """seq2seq_train.py's step at batch 2 (2 x 64 = 128 rows), each side its own model copy."""
-    with batch_of(seq2seq_train, 2):
+    with setting(seq2seq_train, "BATCH", 2):
         sides = seq2seq_train.build_sides(["aiayn<-marian", "marian"])
         sides_after = seq2seq_train.build_sides(["aiayn<-marian"])
 
     def before():
-        with onednn_from_rows(ROWS_BEFORE):
+        with setting(onednn_linear, "MIN_ROWS", ROWS_BEFORE):
             return sides["aiayn<-marian"]()
 
     after = sides_after["aiayn<-marian"]
