@@ -31,11 +31,11 @@ def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def build_sides(which: list[str], padded: bool = False) -> dict:
-    torch.manual_seed(0)
-    ids = torch.randint(1, VOCAB, (BATCH, LENGTH))
-    mask = None
     if padded:
-        ids, mask = padded_batch()
+        ids, mask = padded_batch()  # seeds 0 itself
+    else:
+        torch.manual_seed(0)
+        ids, mask = torch.randint(1, VOCAB, (BATCH, LENGTH)), None
     hf = hf_bert(d_model=D_MODEL, layers=LAYERS, heads=HEADS, d_ff=D_FF, vocab=VOCAB,
                  positions=512).eval()
     sides = {}

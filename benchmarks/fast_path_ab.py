@@ -195,11 +195,8 @@ def padded_encoder_variants() -> dict:
     sides = encoder_inference.build_sides(["aiayn", "hf"], padded=True)
 
     def before():
-        packed_sequences.enabled = False
-        try:
+        with setting(packed_sequences, "enabled", False):
             return sides["aiayn"]()
-        finally:
-            packed_sequences.enabled = True
 
     real = encoder_inference.padded_batch()[1]  # (B, T) True = real token
     difference = (sides["aiayn"]() - before())[real].abs().max().item()
@@ -225,12 +222,9 @@ def padded_encoder_training_variants() -> dict:
     hf_mask = mask.long()
 
     def step(name: str):
-        packed_sequences.enabled = name == "after"
-        try:
+        with setting(packed_sequences, "enabled", name == "after"):
             loss = ours[name](ids, padding_mask=mask)[mask].pow(2).mean()
             loss.backward()
-        finally:
-            packed_sequences.enabled = True
         optimizers[name].step()
         optimizers[name].zero_grad(set_to_none=True)
         return loss.detach()
@@ -248,22 +242,25 @@ def padded_encoder_training_variants() -> dict:
     return {"before": lambda: step("before"), "after": lambda: step("after"), "hf": hf_step}
 
 
-def training_variants(ours: str, peer: str, build) -> dict:
-    """A training step of the benchmark's aiayn side with oneDNN's products off ("before") and on
-    ("after"), each on its own copy of the model and optimizer, and the peer's step."""
+def training_variants(ours: str, peer: str, build,
+                      switch=(onednn_linear, "enabled", False, True)) -> dict:
+    """A training step of the benchmark's aiayn side with ``switch`` = (module, name, before value,
+    after value) set each way (by default oneDNN's products off and on), each on its own copy of the
+    model and optimizer, and the peer's step."""
+    module, name, before_value, after_value = switch
     sides = build([ours, peer])
     sides_after = build([ours])
 
     def before():
-        with setting(onednn_linear, "enabled", False):
+        with setting(module, name, before_value):
             return sides[ours]()
 
     def after():
-        with setting(onednn_linear, "enabled", True):
+        with setting(module, name, after_value):
             return sides_after[ours]()
 
     difference = abs(before().item() - after().item())  # the first step: same weights and batch
-    assert difference < 1e-4, f"oneDNN and plain training losses differ by {difference}"
+    assert difference < 1e-4, f"{name} {before_value} / {after_value}: losses differ by {difference}"
     return {"before": before, "after": after, "hf": sides[peer]}
 
 
@@ -283,17 +280,8 @@ def few_rows_encoder_variants() -> dict:
 def few_rows_training_variants() -> dict:
     """seq2seq_train.py's step at batch 2 (2 x 64 = 128 rows), each side its own model copy."""
     with setting(seq2seq_train, "BATCH", 2):
-        sides = seq2seq_train.build_sides(["aiayn<-marian", "marian"])
-        sides_after = seq2seq_train.build_sides(["aiayn<-marian"])
-
-    def before():
-        with setting(onednn_linear, "MIN_ROWS", ROWS_BEFORE):
-            return sides["aiayn<-marian"]()
-
-    after = sides_after["aiayn<-marian"]
-    difference = abs(before().item() - after().item())  # the first step: same weights and batch
-    assert difference < 1e-4, f"oneDNN and MKL training losses differ by {difference}"
-    return {"before": before, "after": after, "hf": sides["marian"]}
+        return training_variants("aiayn<-marian", "marian", seq2seq_train.build_sides,
+                                 (onednn_linear, "MIN_ROWS", ROWS_BEFORE, onednn_linear.MIN_ROWS))
 
 
 VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
