@@ -22,7 +22,9 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
   ``torch.nn.Transformer``; "hf" in the output);
 - ``encoder-128-rows``, ``seq2seq-128-rows``: encoder inference of one 128-token sequence and a
   training step of seq2seq_train.py at batch 2 (128 rows a product) with oneDNN's products from
-  256 rows ("before", ``onednn_linear.MIN_ROWS`` until the ninth pass) and from ``MIN_ROWS``.
+  256 rows ("before", ``onednn_linear.MIN_ROWS`` until the ninth pass) and from ``MIN_ROWS``;
+- ``beam-folded``: the ``beam`` loop with the cross-attention unfolded ("before") and with its
+  projections folded into the cached memory (``aiayn.attention.folded_cross``); tokens identical.
 
 ``--baseline pass2`` switches off the fast paths of the decode passes after the first (derived
 weights for few rows, ``aiayn.inference_linear.small_rows_linear``, the packed layer weights and the
@@ -35,6 +37,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
     python3 benchmarks/fast_path_ab.py encoder-padded encoder-train-padded --rounds 10
     python3 benchmarks/fast_path_ab.py encoder-128-rows seq2seq-128-rows --rounds 20
     python3 benchmarks/fast_path_ab.py greedy1 beam greedy --baseline pass3 --rounds 6
+    python3 benchmarks/fast_path_ab.py beam-folded --rounds 20
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import seq2seq_train
 from peers import aiayn_from_hf, hf_marian
 
 from aiayn import inference_linear, onednn_linear, packed_sequences
+from aiayn.attention import folded_cross
 from aiayn.attention.cache import KVCache
 from aiayn.models.heads import OutputProjection
 
@@ -162,6 +166,19 @@ def beam_variants() -> dict:
 
     assert torch.equal(before(), after()), "fast and plain beam search disagree"
     return {"before": before, "after": after, "hf": peer}
+
+
+def folded_beam_variants() -> dict:
+    """generation.py's beam loop with its cross-attention unfolded ("before") and folded."""
+    sides = beam_variants()
+    after = sides["after"]
+
+    def before():
+        with setting(folded_cross, "folding_enabled", False):
+            return after()
+
+    assert torch.equal(before(), after()), "folded and unfolded beam search disagree"
+    return {"before": before, "after": after, "hf": sides["hf"]}
 
 
 def greedy_variants(batch: int = 8) -> dict:
@@ -294,7 +311,7 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "seq2seq-torch": lambda: training_variants("aiayn<-torch.nn", "torch.nn",
                                                        seq2seq_train.build_sides),
             "encoder-128-rows": few_rows_encoder_variants,
-            "seq2seq-128-rows": few_rows_training_variants}
+            "seq2seq-128-rows": few_rows_training_variants, "beam-folded": folded_beam_variants}
 
 
 def measure(variants: dict, rounds: int) -> dict[str, float]:

@@ -21,6 +21,7 @@ from torch import nn
 
 from aiayn import CausalLM, Transformer, TransformerConfig
 from aiayn import inference_linear, onednn_linear
+from aiayn.attention import folded_cross
 from aiayn.attention.cache import KVCache
 from aiayn.decoding import beam as beam_module
 from aiayn.models.heads import OutputProjection
@@ -108,7 +109,9 @@ def test_kv_cache_reorder_in_place_equals_index_select():
     assert cache.keys.shape == (2, 2, 6, 3)
 
 
-def test_shared_memory_cache_equals_repeated_memory():
+@pytest.mark.parametrize("folding", [True, False])
+def test_shared_memory_cache_equals_repeated_memory(folding, monkeypatch):
+    monkeypatch.setattr(folded_cross, "folding_enabled", folding)
     torch.manual_seed(0)
     model = Transformer(TransformerConfig.preset("tiny")).eval()
     beams, sources = 3, 2
@@ -138,7 +141,9 @@ def test_shared_memory_cache_equals_repeated_memory():
         fast = model.decode(tgt[:3, 4:5], None, memory_padding_mask=src_mask[:1], cache=shared)
         slow = model.decode(tgt[:3, 4:5], None, memory_padding_mask=repeated_mask[:3], cache=plain)
         torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
-    assert shared.cross[0][0].shape[0] == 1  # one row of cross keys/values per source
+    kept = shared.cross[0]
+    assert isinstance(kept, folded_cross.FoldedCrossAttention) == folding
+    assert (kept.sources if folding else kept[0].shape[0]) == 1  # one memory row per source
     try:
         shared.reorder(torch.tensor([0, 1, 2]))  # cross=True on a shared cache: refused
     except ValueError as error:

@@ -66,10 +66,12 @@ def uses_onednn(x: Tensor, layer: nn.Linear) -> bool:
     """Whether ``linear`` would take the oneDNN path for input ``x`` (…, I), with or without
     autograd (``aiayn.onednn_linear.applies``, and no hook on the layer that the direct call would
     skip)."""
-    return onednn_linear.applies(x, layer.weight) and not _has_hooks(layer)
+    return onednn_linear.applies(x, layer.weight) and not has_hooks(layer)
 
 
-def _has_hooks(layer: nn.Module) -> bool:
+def has_hooks(layer: nn.Module) -> bool:
+    """Whether a call of ``layer`` would run forward (pre-)hooks, its own or global ones: fast paths
+    that skip the call must not apply then."""
     return bool(layer._forward_hooks or layer._forward_pre_hooks
                 or nn.modules.module._global_forward_hooks
                 or nn.modules.module._global_forward_pre_hooks)

@@ -190,7 +190,7 @@ class Decoder(nn.Module):
                     raise ValueError(f"memory must have shape (B={sources}, S, D), got "
                                      f"{tuple(memory.shape)}")
             if memory_padding_mask is not None:
-                source_length = memory.shape[1] if memory is not None else cache.cross[0][0].shape[2]
+                source_length = memory.shape[1] if memory is not None else cache.source_length
                 check_padding_mask(memory_padding_mask, sources, source_length,
                                    "memory_padding_mask")
                 memory_mask = key_padding_to_attention(memory_padding_mask)  # (B, 1, 1, S)

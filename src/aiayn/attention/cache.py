@@ -10,6 +10,8 @@ second preallocated buffer and swaps the two (double buffering), so a step alloc
 copies the unwritten tail. Beams of one source share its cross-attention keys/values: a cache made
 with ``rows_per_memory = K`` keeps them once per source (B / K rows) and the cross-attention groups each
 source's K query rows together (``MultiHeadAttention``), so they are neither repeated nor reordered.
+Without autograd, short memories keep the cross-attention with its query and output projections folded
+into the keys and values instead (``aiayn.attention.folded_cross``).
 
 Legend: B batch (times beams), H heads, S_max cache capacity, T new tokens, Dh head width.
 """
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from aiayn.attention.folded_cross import FoldedCrossAttention
 
 
 class KVCache:
@@ -94,7 +98,9 @@ class DecoderCache:
         if not isinstance(rows_per_memory, int) or rows_per_memory < 1:
             raise ValueError(f"rows_per_memory must be a positive integer, got {rows_per_memory!r}")
         self.self_attention = layers  # one cache per layer, made by that layer's attention kernel
-        self.cross: list[tuple[Tensor, Tensor] | None] = [None] * len(layers)
+        # Per layer: None until the first step, then (keys, values) (B / G, H, S, Dh) or, where it
+        # pays, the same attention with the projections folded in (aiayn.attention.folded_cross).
+        self.cross: list[tuple[Tensor, Tensor] | FoldedCrossAttention | None] = [None] * len(layers)
         self.max_length = max_length
         self.rows_per_memory = rows_per_memory
         self.length = 0
@@ -119,11 +125,20 @@ class DecoderCache:
                              "select_sources(...) keep them consistent")
         self._select_cross(index)
 
+    @property
+    def source_length(self) -> int | None:
+        """Length S of the memory the cross-attention keeps (None before the first step)."""
+        kept = self.cross[0]
+        if kept is None:
+            return None
+        return kept.source_length if isinstance(kept, FoldedCrossAttention) else kept[0].shape[2]
+
     def select_sources(self, index: Tensor) -> None:
         """Keep the cross-attention keys/values of sources ``index`` (B' / G,) (sentences leaving)."""
         self._select_cross(index)
 
     def _select_cross(self, index: Tensor) -> None:
-        self.cross = [None if kv is None else (kv[0].index_select(0, index),
-                                               kv[1].index_select(0, index))
-                      for kv in self.cross]
+        self.cross = [kept if kept is None
+                      else kept.select(index) if isinstance(kept, FoldedCrossAttention)
+                      else (kept[0].index_select(0, index), kept[1].index_select(0, index))
+                      for kept in self.cross]

@@ -161,6 +161,8 @@ class ChunkedAttention(AttentionKernel):
         chunk_size: queries and keys per tile (``config.attention_chunk_size``).
     """
 
+    exact_softmax = True
+
     def __init__(self, chunk_size: int = 256):
         super().__init__()
         if not isinstance(chunk_size, int) or chunk_size <= 0:

@@ -48,6 +48,9 @@ class AttentionKernel(nn.Module):
     # attend to (the sparse patterns): such a kernel cannot attend a sequence moved to another offset
     # (aiayn.packed_sequences).
     uses_positions = False
+    # True when the kernel computes eq. 1 exactly (softmax over every allowed key): the attention may
+    # then be computed another exact way, e.g. with the projections folded (aiayn.attention.folded_cross).
+    exact_softmax = False
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0) -> Tensor:
@@ -66,6 +69,8 @@ class AttentionKernel(nn.Module):
 
 class ReferenceAttention(AttentionKernel):
     """Eq. 1 written out; the only kernel that can also return the attention weights."""
+
+    exact_softmax = True
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0) -> Tensor:
@@ -89,6 +94,8 @@ class ReferenceAttention(AttentionKernel):
 
 class FusedAttention(AttentionKernel):
     """``F.scaled_dot_product_attention``: flash / memory-efficient kernels where PyTorch has them."""
+
+    exact_softmax = True
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0) -> Tensor:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from aiayn.attention import folded_cross
 from aiayn.attention.cache import DecoderCache
+from aiayn.attention.folded_cross import FoldedCrossAttention, fold
 from aiayn.attention.kernels import AttentionKernel, ReferenceAttention
-from aiayn.inference_linear import linear
+from aiayn.inference_linear import has_hooks, linear
 from aiayn.packed_sequences import PackedBatch
 
 
@@ -104,15 +106,19 @@ class MultiHeadAttention(nn.Module):
         batch, length, _ = x.shape
         dropout = self.dropout if self.training else 0.0
         if self.cross:
-            q = self._heads(linear(self.q_proj, x))  # (B, H, T, Dh)
-            if cache is not None and cache.cross[layer_index] is not None:
-                k, v = cache.cross[layer_index]
-            else:
+            kept = None if cache is None else cache.cross[layer_index]
+            if kept is None:
                 if memory is None:
                     raise ValueError("cross-attention needs the encoder output (memory)")
-                k, v = self.project_memory(memory)  # (B, H, S, Dh)
+                kept = self.project_memory(memory)  # (keys, values), (B, H, S, Dh) each
                 if cache is not None:
-                    cache.cross[layer_index] = (k, v)
+                    if self._folds(kept[0]):
+                        kept = fold(self.q_proj, self.out_proj, *kept)
+                    cache.cross[layer_index] = kept
+            if isinstance(kept, FoldedCrossAttention):
+                return self._attend_folded(x, kept, mask, need_weights)
+            k, v = kept
+            q = self._heads(linear(self.q_proj, x))  # (B, H, T, Dh)
         else:
             q, k, v = self._project_query_key_value(x)  # (B, H, T, Dh) each
             if cache is not None:
@@ -162,6 +168,32 @@ class MultiHeadAttention(nn.Module):
                     q_part, k_part, v_part)[1][0]  # (H, L, L)
         out = torch.cat(parts, dim=1)  # (1, N, H, Dh)
         return linear(self.out_proj, out.view(1, packed.tokens, self.d_model)), weights
+
+    def _folds(self, keys: Tensor) -> bool:
+        """Whether a decoding cache keeps this cross-attention folded (aiayn.attention.folded_cross)
+        for memory keys (B', H, S, Dh): inference only, a kernel that computes eq. 1 exactly (what is
+        folded is that formula), plain projections without hooks, and ``worth_folding``."""
+        return (folded_cross.folding_enabled and not torch.is_grad_enabled()
+                and self.kernel.exact_softmax and (self.dropout == 0 or not self.training)
+                and all(type(projection) is nn.Linear and not has_hooks(projection)
+                        for projection in (self.q_proj, self.out_proj))
+                and folded_cross.worth_folding(self.n_heads, keys.shape[2], self.d_model,
+                                               keys.shape[0]))
+
+    def _attend_folded(self, x: Tensor, folded: FoldedCrossAttention, mask: Tensor | None,
+                       need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """Cross-attention of x (B, T, D) through the folded cache entry: (B, T, D) and the weights
+        (B, H, T, S) if ``need_weights``."""
+        batch, length, _ = x.shape
+        group = batch // folded.sources
+        if batch != group * folded.sources:
+            raise ValueError(f"cross-attention from {batch} rows to a memory of {folded.sources} "
+                             f"rows: the memory rows must divide the query rows")
+        rows = x.reshape(folded.sources, group * length, self.d_model)  # (B / G, G * T, D)
+        out, weights = folded.attend(rows, mask, need_weights)  # (B / G, G * T, D)
+        if weights is not None:
+            weights = _unfold_groups(weights, group)  # (B, H, T, S)
+        return out.view(batch, length, self.d_model), weights
 
     def _merge(self, out: Tensor, batch: int, length: int) -> Tensor:
         out = out.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, T, D): concat heads
