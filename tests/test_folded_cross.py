@@ -16,7 +16,7 @@ from aiayn.decoding.beam import beam_search
 
 def _attention(bias: bool = True, kernel=None) -> MultiHeadAttention:
     torch.manual_seed(0)
-    attention = MultiHeadAttention(16, 4, kernel or FusedAttention(), cross=True, bias=bias).eval()
+    attention = MultiHeadAttention(32, 4, kernel or FusedAttention(), cross=True, bias=bias).eval()
     with torch.no_grad():  # biases are zero-initialised: make them count
         for parameter in attention.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.1)
@@ -41,8 +41,8 @@ def _step(attention, x, memory, *, rows_per_memory, mask=None, folding=True, nee
 def test_folded_step_equals_the_unfolded_layer(bias, rows_per_memory, length):
     attention = _attention(bias)
     sources, source_length = 2, 5
-    memory = torch.randn(sources, source_length, 16)
-    x = torch.randn(sources * rows_per_memory, length, 16)
+    memory = torch.randn(sources, source_length, 32)
+    x = torch.randn(sources * rows_per_memory, length, 32)
     mask = torch.ones(sources, 1, 1, source_length, dtype=torch.bool)
     mask[1, ..., 3:] = False  # padded source keys
     folded, folded_weights, cache = _step(attention, x, memory, rows_per_memory=rows_per_memory,
@@ -51,7 +51,7 @@ def test_folded_step_equals_the_unfolded_layer(bias, rows_per_memory, length):
                                               mask=mask, folding=False, need_weights=True)
     assert isinstance(cache.cross[0], FoldedCrossAttention)
     assert isinstance(plain_cache.cross[0], tuple)
-    assert folded.shape == plain.shape == (sources * rows_per_memory, length, 16)
+    assert folded.shape == plain.shape == (sources * rows_per_memory, length, 32)
     torch.testing.assert_close(folded, plain, rtol=1e-5, atol=1e-5)
     assert folded_weights.shape == plain_weights.shape == (sources * rows_per_memory, 4, length,
                                                            source_length)
@@ -62,7 +62,7 @@ def test_folded_step_equals_the_unfolded_layer(bias, rows_per_memory, length):
 
 def test_a_source_with_no_key_gives_the_output_bias_not_nan():
     attention = _attention(kernel=ReferenceAttention())
-    memory, x = torch.randn(2, 4, 16), torch.randn(2, 1, 16)
+    memory, x = torch.randn(2, 4, 32), torch.randn(2, 1, 32)
     mask = torch.ones(2, 1, 1, 4, dtype=torch.bool)
     mask[0] = False  # nothing to attend to: zero attention, as every kernel
     folded, _, _ = _step(attention, x, memory, rows_per_memory=1, mask=mask)
@@ -74,9 +74,9 @@ def test_a_source_with_no_key_gives_the_output_bias_not_nan():
 
 def test_later_steps_reuse_the_folded_memory_and_follow_the_source_selection():
     attention = _attention()
-    memory, mask = torch.randn(3, 6, 16), torch.ones(3, 1, 1, 6, dtype=torch.bool)
+    memory, mask = torch.randn(3, 6, 32), torch.ones(3, 1, 1, 6, dtype=torch.bool)
     mask[2, ..., 4:] = False
-    rows = [torch.randn(6, 1, 16) for _ in range(3)]  # 3 sources x 2 rows each, 3 steps
+    rows = [torch.randn(6, 1, 32) for _ in range(3)]  # 3 sources x 2 rows each, 3 steps
     outputs = {}
     for folding in (True, False):
         folded_cross.folding_enabled = folding
@@ -100,8 +100,8 @@ def test_later_steps_reuse_the_folded_memory_and_follow_the_source_selection():
 def test_folded_decoding_equals_the_full_forward():
     torch.manual_seed(0)
     model = Transformer(TransformerConfig.preset("tiny")).eval()
-    src, tgt = torch.randint(3, 100, (2, 9)), torch.randint(3, 100, (2, 8))
-    src_mask = torch.ones(2, 9, dtype=torch.bool)
+    src, tgt = torch.randint(3, 100, (2, 8)), torch.randint(3, 100, (2, 8))
+    src_mask = torch.ones(2, 8, dtype=torch.bool)
     src_mask[1, 6:] = False
     with torch.no_grad():
         full = model(src, tgt, src_padding_mask=src_mask)
@@ -136,7 +136,7 @@ def _kept_after_one_step(attention, memory, rows_per_memory=1, grad=False):
 
 
 def test_what_is_not_folded():
-    memory = torch.randn(2, 5, 16)
+    memory = torch.randn(2, 5, 32)
     assert isinstance(_kept_after_one_step(_attention(), memory), FoldedCrossAttention)
     # under autograd (the fold would be part of the graph for no gain)
     assert isinstance(_kept_after_one_step(_attention(), memory, grad=True), tuple)
@@ -153,15 +153,18 @@ def test_what_is_not_folded():
     dropped.train()
     assert isinstance(_kept_after_one_step(dropped, memory), tuple)
     # a long memory: the folded matrices would cost more than the projections they replace
-    assert isinstance(_kept_after_one_step(_attention(), torch.randn(1, 40, 16)), tuple)
+    assert isinstance(_kept_after_one_step(_attention(), torch.randn(1, 40, 32)), tuple)
 
 
 @pytest.mark.parametrize("heads, source_length, d_model, sources, expected", [
-    (4, 32, 256, 4, True),  # beam search of the benchmark: 228 -> 49 us a layer
-    (4, 128, 256, 4, True),  # H * S = 2 D: measured faster (150-185 vs 235-330 us)
-    (4, 256, 256, 4, False),  # 4 D: measured slower (342-350 vs 313-318 us)
-    (4, 32, 256, 16, True),  # 16 sources greedy: 96 vs 152-200 us
-    (4, 32, 256, 64, False),  # 64 sources greedy: 787-1152 vs 417-451 us
+    # whole decoding steps, unfolded / folded time (worth_folding's docstring)
+    (4, 32, 256, 1, True),  # one sentence: 1.09 greedy, 1.15 with 4 beams
+    (4, 32, 256, 4, True),  # beam search of the benchmark (4 sources x 4 beams): 1.08
+    (4, 64, 256, 2, True),  # 1.10
+    (4, 32, 256, 8, False),  # 8 sources: 1.02 with 4 beams, 0.96 greedy
+    (4, 32, 256, 16, False),  # 16 sentences greedy: 0.86
+    (4, 64, 256, 4, False),  # 1.03: reads 2x the floats
+    (4, 128, 256, 1, False),  # 0.92: H * S = 2 D, twice the arithmetic
 ])
 def test_worth_folding_follows_the_measurements(heads, source_length, d_model, sources, expected):
     assert worth_folding(heads, source_length, d_model, sources) == expected

@@ -13,10 +13,13 @@ so each source keeps ``scores_weight`` = [s W_h^Q k_h^T]_h (D, H*S), ``scores_bi
 (1, H*S) and ``values`` = [v_h W_h^O]_h stacked over the heads (H*S, D), and a step is two batched
 products and one softmax: the per-head sum over S followed by the sum over heads is one product over
 the H*S axis. On a CPU this replaces two projections, the fold of the beams and one SDPA call per layer
-(measured, 2 threads, d256 H4: 4 sources x 4 beams, 32 source tokens, 228 -> 49 us a layer).
+(measured alone, 2 threads, d256 H4: 4 sources x 4 beams, 32 source tokens, 228 -> 49 us a layer
+with warm caches; far less in a whole step, where the folded matrices come from memory).
 
 It pays while the folded matrices stay small: they are H times the keys and values, and the products
-read them on every step (``worth_folding`` has the measured limits). The result equals the unfolded
+read them on every step, so it is for small batches of short sources (one to a few sentences
+translated, with or without beams; ``worth_folding`` has the measured limits: a decoding step of 4
+sources x 4 beams over 32 tokens 1.08x faster, 16 sentences greedy 0.86x, so not folded). The result equals the unfolded
 layer up to float summation order (tests/test_folded_cross.py).
 
 Legend: B' sources (memory rows), R query rows per source (beams x new tokens), H heads, S source
@@ -85,17 +88,19 @@ folding_enabled = True  # module switch (tests and A/B benchmarks turn it off)
 
 
 def worth_folding(heads: int, source_length: int, d_model: int, sources: int) -> bool:
-    """Whether folding is expected to be faster than the unfolded layer (measured on a 2-core AMD
-    EPYC, d256 H4, 2-4 beams or greedy).
+    """Whether folding is expected to make a decoding step faster.
 
-    The folded products cost 2 * D * H * S multiply-adds a query row against the unfolded
-    2 * D^2 + 2 * S * D, and read B' * 2 * H * S * D floats a step against the projections' 2 * D^2
-    plus the keys' and values' B' * 2 * S * D. Folding won at up to 2x the multiply-adds (H * S = 2 D:
-    S 128 at D 256, H 4) and up to ~3x the floats read (16 sources of 32 tokens, greedy), and lost
-    beyond (S 256 x 4 heads; 64 sources).
+    The folded products cost D * H * S multiply-adds a query row against the unfolded projections'
+    2 * D^2 plus the attention's 2 * S * D, and read B' * 2 * H * S * D floats a step against the
+    projection weights' 2 * D^2 plus the keys' and values' B' * 2 * S * D. Folding is taken while it
+    does no more arithmetic (H * S <= D) and reads at most 1.5x the floats. Measured on whole
+    decoding steps of a d256 H4 3-layer decoder (2-core AMD EPYC, unfolded / folded time): sources x
+    beams x source length 1x1x32 1.09, 1x4x32 1.15, 2x4x32 1.12, 4x4x32 1.08, 4x1x32 1.08, 2x4x64
+    1.10 (all read <= 1.33x); 8x4x32 1.02, 4x4x64 1.03 (2x), 8x1x32 0.96 (2x), 16x1x32 0.86 (2.7x),
+    and 1x1x128 0.92 (H * S = 2 D).
     """
-    return (heads * source_length <= 2 * d_model
-            and sources * heads * source_length <= 3 * (d_model + sources * source_length))
+    return (heads * source_length <= d_model
+            and 2 * sources * heads * source_length <= 3 * (d_model + sources * source_length))
 
 
 def fold(query: nn.Linear, output: nn.Linear, keys: Tensor, values: Tensor
