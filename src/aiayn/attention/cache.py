@@ -138,7 +138,7 @@ class DecoderCache:
         self._select_cross(index)
 
     def _select_cross(self, index: Tensor) -> None:
-        self.cross = [kept if kept is None
+        self.cross = [None if kept is None
                       else kept.select(index) if isinstance(kept, FoldedCrossAttention)
                       else (kept[0].index_select(0, index), kept[1].index_select(0, index))
                       for kept in self.cross]
