@@ -90,10 +90,11 @@ folding_enabled = True  # module switch (tests and A/B benchmarks turn it off)
 def worth_folding(heads: int, source_length: int, d_model: int, sources: int) -> bool:
     """Whether folding is expected to make a decoding step faster.
 
-    The folded products cost D * H * S multiply-adds a query row against the unfolded projections'
+    The folded products cost 2 * D * H * S multiply-adds a query row against the unfolded projections'
     2 * D^2 plus the attention's 2 * S * D, and read B' * 2 * H * S * D floats a step against the
-    projection weights' 2 * D^2 plus the keys' and values' B' * 2 * S * D. Folding is taken while it
-    does no more arithmetic (H * S <= D) and reads at most 1.5x the floats. Measured on whole
+    projection weights' 2 * D^2 plus the keys' and values' B' * 2 * S * D. Folding is taken while its
+    arithmetic is no more than the projections' alone (H * S <= D) and it reads at most 1.5x the
+    floats. Measured on whole
     decoding steps of a d256 H4 3-layer decoder (2-core AMD EPYC, unfolded / folded time): sources x
     beams x source length 1x1x32 1.09, 1x4x32 1.15, 2x4x32 1.12, 4x4x32 1.08, 4x1x32 1.08, 2x4x64
     1.10 (all read <= 1.33x); 8x4x32 1.02, 4x4x64 1.03 (2x), 8x1x32 0.96 (2x), 16x1x32 0.86 (2.7x),
