@@ -69,14 +69,10 @@ BASELINE = "plain"  # set by --baseline
 @contextlib.contextmanager
 def switched_off(*names: str):
     """The ``aiayn.inference_linear`` switches ``names`` off for the duration."""
-    saved = {name: getattr(inference_linear, name) for name in names}
-    for name in names:
-        setattr(inference_linear, name, False)
-    try:
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            stack.enter_context(setting(inference_linear, name, False))
         yield
-    finally:
-        for name, value in saved.items():
-            setattr(inference_linear, name, value)
 
 
 def no_small_rows():
@@ -95,17 +91,12 @@ def plain_decoding():
               else switched_off("packed_layers_enabled", "split_gemv_enabled")):
             yield
         return
-    fast_reorder, fast_rows = KVCache.reorder, OutputProjection.VOCABULARY_MAJOR_ROWS
-
     def allocating_reorder(self, index, *, filled=None):
         self.keys, self.values = self.keys.index_select(0, index), self.values.index_select(0, index)
 
-    KVCache.reorder, OutputProjection.VOCABULARY_MAJOR_ROWS = allocating_reorder, (1, 0)
-    try:
-        with no_small_rows():
-            yield
-    finally:
-        KVCache.reorder, OutputProjection.VOCABULARY_MAJOR_ROWS = fast_reorder, fast_rows
+    with (setting(KVCache, "reorder", allocating_reorder),
+          setting(OutputProjection, "VOCABULARY_MAJOR_ROWS", (1, 0)), no_small_rows()):
+        yield
 
 
 @contextlib.contextmanager
