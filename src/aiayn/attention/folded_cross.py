@@ -19,8 +19,8 @@ with warm caches; far less in a whole step, where the folded matrices come from 
 It pays while the folded matrices stay small: they are H times the keys and values, and the products
 read them on every step, so it is for small batches of short sources (one to a few sentences
 translated, with or without beams; ``worth_folding`` has the measured limits: a decoding step of 4
-sources x 4 beams over 32 tokens 1.08x faster, 16 sentences greedy 0.86x, so not folded). The result equals the unfolded
-layer up to float summation order (tests/test_folded_cross.py).
+sources x 4 beams over 32 tokens 1.08x faster, 16 sentences greedy 0.86x, so not folded). The
+result equals the unfolded layer up to float summation order (tests/test_folded_cross.py).
 
 Legend: B' sources (memory rows), R query rows per source (beams x new tokens), H heads, S source
 length, D model width, Dh head width (D / H).
@@ -39,7 +39,7 @@ class FoldedCrossAttention:
     """One layer's cross-attention over fixed memory, projections folded in (module docstring)."""
 
     scores_weight: Tensor  # (B', D, H*S)
-    scores_bias: Tensor  # (B', 1, H*S)
+    scores_bias: Tensor | None  # (B', 1, H*S); None without a query bias
     values: Tensor  # (B', H*S, D)
     out_bias: Tensor | None  # (D,)
     heads: int
@@ -54,8 +54,8 @@ class FoldedCrossAttention:
 
     def select(self, index: Tensor) -> "FoldedCrossAttention":
         """The sources ``index`` (B'',) only (finished sentences leave a batch)."""
-        return FoldedCrossAttention(self.scores_weight.index_select(0, index),
-                                    self.scores_bias.index_select(0, index),
+        bias = None if self.scores_bias is None else self.scores_bias.index_select(0, index)
+        return FoldedCrossAttention(self.scores_weight.index_select(0, index), bias,
                                     self.values.index_select(0, index), self.out_bias, self.heads)
 
     def attend(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False
@@ -67,7 +67,8 @@ class FoldedCrossAttention:
         a row with no key to attend to gets zero attention (output: the output bias), as every kernel.
         """
         sources, rows, _ = x.shape
-        scores = torch.baddbmm(self.scores_bias, x, self.scores_weight)  # (B', R, H*S)
+        scores = (torch.bmm(x, self.scores_weight) if self.scores_bias is None
+                  else torch.baddbmm(self.scores_bias, x, self.scores_weight))  # (B', R, H*S)
         scores = scores.view(sources, rows, self.heads, -1)  # (B', R, H, S)
         has_key = None
         if mask is not None:
@@ -94,11 +95,10 @@ def worth_folding(heads: int, source_length: int, d_model: int, sources: int) ->
     2 * D^2 plus the attention's 2 * S * D, and read B' * 2 * H * S * D floats a step against the
     projection weights' 2 * D^2 plus the keys' and values' B' * 2 * S * D. Folding is taken while its
     arithmetic is no more than the projections' alone (H * S <= D) and it reads at most 1.5x the
-    floats. Measured on whole
-    decoding steps of a d256 H4 3-layer decoder (2-core AMD EPYC, unfolded / folded time): sources x
-    beams x source length 1x1x32 1.09, 1x4x32 1.15, 2x4x32 1.12, 4x4x32 1.08, 4x1x32 1.08, 2x4x64
-    1.10 (all read <= 1.33x); 8x4x32 1.02, 4x4x64 1.03 (2x), 8x1x32 0.96 (2x), 16x1x32 0.86 (2.7x),
-    and 1x1x128 0.92 (H * S = 2 D).
+    floats. Measured on whole decoding steps of a d256 H4 3-layer decoder (2-core AMD EPYC,
+    unfolded / folded time): sources x beams x source length 1x1x32 1.09, 1x4x32 1.15, 2x4x32 1.12,
+    4x4x32 1.08, 4x1x32 1.08, 2x4x64 1.10 (all read <= 1.33x); 8x4x32 1.02, 4x4x64 1.03 (2x), 8x1x32
+    0.96 (2x), 16x1x32 0.86 (2.7x), and 1x1x128 0.92 (H * S = 2 D).
     """
     return (heads * source_length <= d_model
             and 2 * sources * heads * source_length <= 3 * (d_model + sources * source_length))
@@ -110,17 +110,16 @@ def fold(query: nn.Linear, output: nn.Linear, keys: Tensor, values: Tensor
     cached cross-attention ``keys`` and ``values`` (B', H, S, Dh)."""
     sources, heads, length, head_dim = keys.shape
     d_model = heads * head_dim
-    scale = head_dim ** -0.5
+    scaled_keys = keys * head_dim ** -0.5  # s k, (B', H, S, Dh)
     query_weight = query.weight.view(heads, head_dim, d_model)  # (H, Dh, D): W^Q_h as (Dh, D)
     # (B', H, S, Dh) @ (H, Dh, D) -> (B', H, S, D): row (h, s) is s * k_hs W^Q_h, i.e. column (h, s)
     # of scores_weight.
-    scores_weight = (keys * scale) @ query_weight
+    scores_weight = scaled_keys @ query_weight
     scores_weight = scores_weight.view(sources, heads * length, d_model).transpose(1, 2)  # (B', D, H*S)
-    if query.bias is None:
-        scores_bias = keys.new_zeros(sources, 1, heads * length)
-    else:
+    scores_bias = None
+    if query.bias is not None:
         bias = query.bias.view(heads, head_dim, 1)  # (H, Dh, 1)
-        scores_bias = ((keys * scale) @ bias).view(sources, 1, heads * length)  # (B', 1, H*S)
+        scores_bias = (scaled_keys @ bias).view(sources, 1, heads * length)  # (B', 1, H*S)
     output_weight = output.weight.view(d_model, heads, head_dim).transpose(0, 1)  # (H, D, Dh): W^O_h
     folded_values = values @ output_weight.transpose(1, 2)  # (B', H, S, D): v_hs W^O_h^T
     return FoldedCrossAttention(scores_weight.contiguous(), scores_bias,

@@ -128,10 +128,7 @@ class MultiHeadAttention(nn.Module):
                     return self._merge(out, batch, length), None
                 k, v = layer_cache.write(cache.length, k, v)  # (B, H, S, Dh), S = cached + T
                 causal = True
-        group = q.shape[0] // k.shape[0] if self.cross else 1
-        if self.cross and q.shape[0] != group * k.shape[0]:
-            raise ValueError(f"cross-attention from {q.shape[0]} rows to a memory of {k.shape[0]} "
-                             f"rows: the memory rows must divide the query rows")
+        group = _rows_per_memory(q.shape[0], k.shape[0]) if self.cross else 1
         if group > 1:  # G decoder rows share one memory row (DecoderCache.rows_per_memory)
             q = _fold_groups(q, group)  # (B / G, H, G * T, Dh)
         out = self.kernel(q, k, v, mask=mask, causal=causal, dropout=dropout)
@@ -185,10 +182,7 @@ class MultiHeadAttention(nn.Module):
         """Cross-attention of x (B, T, D) through the folded cache entry: (B, T, D) and the weights
         (B, H, T, S) if ``need_weights``."""
         batch, length, _ = x.shape
-        group = batch // folded.sources
-        if batch != group * folded.sources:
-            raise ValueError(f"cross-attention from {batch} rows to a memory of {folded.sources} "
-                             f"rows: the memory rows must divide the query rows")
+        group = _rows_per_memory(batch, folded.sources)
         rows = x.reshape(folded.sources, group * length, self.d_model)  # (B / G, G * T, D)
         out, weights = folded.attend(rows, mask, need_weights)  # (B / G, G * T, D)
         if weights is not None:
@@ -198,6 +192,14 @@ class MultiHeadAttention(nn.Module):
     def _merge(self, out: Tensor, batch: int, length: int) -> Tensor:
         out = out.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, T, D): concat heads
         return linear(self.out_proj, out)
+
+
+def _rows_per_memory(rows: int, memory_rows: int) -> int:
+    """G: how many consecutive decoder rows share each memory row (``DecoderCache.rows_per_memory``)."""
+    if rows % memory_rows:
+        raise ValueError(f"cross-attention from {rows} rows to a memory of {memory_rows} rows: the "
+                         f"memory rows must divide the query rows")
+    return rows // memory_rows
 
 
 def _fold_groups(x: Tensor, group: int) -> Tensor:
