@@ -110,18 +110,23 @@ def fold(query: nn.Linear, output: nn.Linear, keys: Tensor, values: Tensor
     cached cross-attention ``keys`` and ``values`` (B', H, S, Dh)."""
     sources, heads, length, head_dim = keys.shape
     d_model = heads * head_dim
-    scaled_keys = keys * head_dim ** -0.5  # s k, (B', H, S, Dh)
-    query_weight = query.weight.view(heads, head_dim, d_model)  # (H, Dh, D): W^Q_h as (Dh, D)
-    # (B', H, S, Dh) @ (H, Dh, D) -> (B', H, S, D): row (h, s) is s * k_hs W^Q_h, i.e. column (h, s)
-    # of scores_weight.
-    scores_weight = scaled_keys @ query_weight
-    scores_weight = scores_weight.view(sources, heads * length, d_model).transpose(1, 2)  # (B', D, H*S)
+    # Heads lead, so each head's (Dh, D) weight multiplies every source's rows in one product: a
+    # product broadcast over (B', H) would first copy the weights once per source.
+    # (H, Dh, B'*S): each head's keys of every source, transposed
+    scaled_keys = (keys * head_dim ** -0.5).permute(1, 3, 0, 2).reshape(heads, head_dim, -1)
+    query_weight = query.weight.view(heads, head_dim, d_model).transpose(1, 2)  # (H, D, Dh): W^Q_h^T
+    # (H, D, Dh) @ (H, Dh, B'*S): column (h, b, s) is s * W^Q_h k_bhs^T, column (h, s) of source b's
+    # scores_weight.
+    scores_weight = torch.bmm(query_weight, scaled_keys).view(heads, d_model, sources, length)
+    scores_weight = scores_weight.permute(2, 1, 0, 3).reshape(sources, d_model, heads * length)
     scores_bias = None
     if query.bias is not None:
         bias = query.bias.view(heads, head_dim, 1)  # (H, Dh, 1)
-        scores_bias = (scaled_keys @ bias).view(sources, 1, heads * length)  # (B', 1, H*S)
-    output_weight = output.weight.view(d_model, heads, head_dim).transpose(0, 1)  # (H, D, Dh): W^O_h
-    folded_values = values @ output_weight.transpose(1, 2)  # (B', H, S, D): v_hs W^O_h^T
-    return FoldedCrossAttention(scores_weight.contiguous(), scores_bias,
-                                folded_values.reshape(sources, heads * length, d_model),
-                                output.bias, heads)
+        scores_bias = (bias.transpose(1, 2) @ scaled_keys).view(heads, sources, length)
+        scores_bias = scores_bias.transpose(0, 1).reshape(sources, 1, heads * length)  # (B', 1, H*S)
+    # W^O_h^T as (H, Dh, D): output column block h of W^O (D, D), transposed
+    output_weight = output.weight.view(d_model, heads, head_dim).permute(1, 2, 0)
+    grouped_values = values.transpose(0, 1).reshape(heads, sources * length, head_dim)
+    folded_values = torch.bmm(grouped_values, output_weight).view(heads, sources, length, d_model)
+    folded_values = folded_values.transpose(0, 1).reshape(sources, heads * length, d_model)
+    return FoldedCrossAttention(scores_weight, scores_bias, folded_values, output.bias, heads)
