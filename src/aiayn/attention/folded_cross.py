@@ -112,13 +112,15 @@ def fold(query: nn.Linear, output: nn.Linear, keys: Tensor, values: Tensor
     d_model = heads * head_dim
     # Heads lead, so each head's (Dh, D) weight multiplies every source's rows in one product: a
     # product broadcast over (B', H) would first copy the weights once per source.
-    # (H, Dh, B'*S): each head's keys of every source, transposed
-    scaled_keys = (keys * head_dim ** -0.5).permute(1, 3, 0, 2).reshape(heads, head_dim, -1)
+    scaled_keys = keys * head_dim ** -0.5
+    scaled_keys = scaled_keys.permute(1, 3, 0, 2).reshape(heads, head_dim, -1)  # (H, Dh, B'*S)
     query_weight = query.weight.view(heads, head_dim, d_model).transpose(1, 2)  # (H, D, Dh): W^Q_h^T
     # (H, D, Dh) @ (H, Dh, B'*S): column (h, b, s) is s * W^Q_h k_bhs^T, column (h, s) of source b's
     # scores_weight.
     scores_weight = torch.bmm(query_weight, scaled_keys).view(heads, d_model, sources, length)
+    # contiguous: every decoding step reads it (with one head the reshape would be a strided view)
     scores_weight = scores_weight.permute(2, 1, 0, 3).reshape(sources, d_model, heads * length)
+    scores_weight = scores_weight.contiguous()
     scores_bias = None
     if query.bias is not None:
         bias = query.bias.view(heads, head_dim, 1)  # (H, Dh, 1)
