@@ -24,7 +24,10 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
   training step of seq2seq_train.py at batch 2 (128 rows a product) with oneDNN's products from
   256 rows ("before", ``onednn_linear.MIN_ROWS`` until the ninth pass) and from ``MIN_ROWS``;
 - ``beam-folded``: the ``beam`` loop with the cross-attention unfolded ("before") and with its
-  projections folded into the cached memory (``aiayn.attention.folded_cross``); tokens identical.
+  projections folded into the cached memory (``aiayn.attention.folded_cross``); tokens identical;
+- ``encoder-residual``, ``encoder-residual-padded``: encoder inference with each residual sum in a
+  new tensor ("before") and written into the sub-layer's output (``aiayn.layers.owns_output``);
+  outputs identical.
 
 ``--baseline pass2`` switches off the fast paths of the decode passes after the first (derived
 weights for few rows, ``aiayn.inference_linear.small_rows_linear``, the packed layer weights and the
@@ -38,6 +41,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
     python3 benchmarks/fast_path_ab.py encoder-128-rows seq2seq-128-rows --rounds 20
     python3 benchmarks/fast_path_ab.py greedy1 beam greedy --baseline pass3 --rounds 6
     python3 benchmarks/fast_path_ab.py beam-folded --rounds 20
+    python3 benchmarks/fast_path_ab.py encoder-residual encoder-residual-padded --rounds 16
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ import lm_train
 import seq2seq_train
 from peers import aiayn_from_hf, hf_marian
 
-from aiayn import inference_linear, onednn_linear, packed_sequences
+from aiayn import inference_linear, layers, onednn_linear, packed_sequences
 from aiayn.attention import folded_cross
 from aiayn.attention.cache import KVCache
 from aiayn.models.heads import OutputProjection
@@ -212,6 +216,17 @@ def padded_encoder_variants() -> dict:
     return {"before": before, "after": sides["aiayn"], "hf": sides["hf"]}
 
 
+def residual_encoder_variants(padded: bool) -> dict:
+    sides = encoder_inference.build_sides(["aiayn", "hf"], padded=padded)
+
+    def before():
+        with setting(layers, "owns_output", lambda sublayer, last: False):
+            return sides["aiayn"]()
+
+    assert torch.equal(before(), sides["aiayn"]()), "residual sums in place and not disagree"
+    return {"before": before, "after": sides["aiayn"], "hf": sides["hf"]}
+
+
 def padded_encoder_training_variants() -> dict:
     """Training steps on the padded batch: aiayn with the padding kept ("before", its own model and
     optimizer) and skipped ("after"), and HF's BertModel, all from the same weights."""
@@ -302,7 +317,9 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "seq2seq-torch": lambda: training_variants("aiayn<-torch.nn", "torch.nn",
                                                        seq2seq_train.build_sides),
             "encoder-128-rows": few_rows_encoder_variants,
-            "seq2seq-128-rows": few_rows_training_variants, "beam-folded": folded_beam_variants}
+            "seq2seq-128-rows": few_rows_training_variants, "beam-folded": folded_beam_variants,
+            "encoder-residual": lambda: residual_encoder_variants(padded=False),
+            "encoder-residual-padded": lambda: residual_encoder_variants(padded=True)}
 
 
 def measure(variants: dict, rounds: int) -> dict[str, float]:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from aiayn import CausalLM, Transformer, TransformerConfig
-from aiayn import inference_linear, onednn_linear
+from aiayn import inference_linear, layers, onednn_linear
 from aiayn.attention import folded_cross
 from aiayn.attention.cache import KVCache
 from aiayn.decoding import beam as beam_module
@@ -339,3 +339,54 @@ def test_feedforward_keeps_a_hooked_product_unchanged():
         feedforward(x)
     handle.remove()
     torch.testing.assert_close(seen[0], feedforward.linear1(x).detach())
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_residual_sum_into_the_sublayer_output_equals_the_plain_sum(norm_first, monkeypatch):
+    """Without autograd the residual sums of many rows are written into the sub-layer's fresh
+    output: the model's outputs are bitwise those of new-tensor sums (x + y and y + x round alike),
+    and the layers' inputs are never overwritten."""
+    torch.manual_seed(0)
+    config = TransformerConfig.preset("tiny", norm_first=norm_first)
+    model = Transformer(config).eval()
+    src, tgt = torch.randint(3, 100, (2, 40)), torch.randint(3, 100, (2, 36))  # 80 / 72 rows
+    assert layers.many_rows(torch.empty(2, 36, config.d_model))
+    with torch.inference_mode():
+        written_into = model(src, tgt)
+        monkeypatch.setattr(layers, "owns_output", lambda sublayer, last: False)
+        torch.testing.assert_close(written_into, model(src, tgt), rtol=0, atol=0)
+    monkeypatch.undo()
+    layer = model.encoder.layers[0]
+    x = torch.randn(2, 40, config.d_model)
+    before = x.clone()
+    with torch.no_grad():
+        layer(x)
+    assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("hooked", ["sublayer", "product", "global"])
+def test_residual_sum_leaves_a_hooked_sublayer_output_unchanged(hooked):
+    """A forward hook that keeps the attention's or the FFN's output sees it before the residual
+    sum, at inference too (the sum then goes into a new tensor)."""
+    torch.manual_seed(0)
+    layer = Transformer(TransformerConfig.preset("tiny")).eval().encoder.layers[0]
+    seen = []
+
+    def keep(module, args, out):
+        seen.append(out[0] if isinstance(out, tuple) else out)
+
+    module = {"sublayer": layer.feedforward, "product": layer.feedforward.linear2}.get(hooked)
+    handle = (module.register_forward_hook(keep) if module is not None
+              else nn.modules.module.register_module_forward_hook(keep))
+    x = torch.randn(2, 40, layer.feedforward.linear1.in_features)  # 80 rows: written in place
+    try:
+        with torch.no_grad():
+            layer(x)
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        attended = layer.attention_residual(x, lambda h: layer.self_attention(h)[0])
+        expected = layer.feedforward(attended)
+    kept = seen[-1] if hooked != "global" else next(
+        out for out in seen if out.shape == expected.shape and torch.equal(out, expected))
+    torch.testing.assert_close(kept, expected, rtol=0, atol=0)

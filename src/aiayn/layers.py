@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
 from torch import Tensor, nn
 
 from aiayn.attention.cache import DecoderCache
@@ -20,6 +21,7 @@ from aiayn.attention.multihead import MultiHeadAttention
 from aiayn.config import TransformerConfig
 from aiayn.attention.kernels import make_kernel
 from aiayn.feedforward import FeedForward
+from aiayn.inference_linear import SMALL_ROWS, has_hooks
 from aiayn.normalisation import apply_dropout, layer_norm
 from aiayn.packed_sequences import PackedBatch
 
@@ -33,10 +35,30 @@ class Residual(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.norm_first = config.norm_first
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        if self.norm_first:
-            return x + apply_dropout(self.dropout, sublayer(self.norm(x)))
-        return self.norm(x + apply_dropout(self.dropout, sublayer(x)))
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor], *,
+                overwrite: bool = False) -> Tensor:
+        """``overwrite``: the sub-layer's output is a fresh tensor nothing else holds
+        (``owns_output``), so the sum may be written into it instead of a new (B, T, D) buffer."""
+        out = apply_dropout(self.dropout, sublayer(self.norm(x) if self.norm_first else x))
+        if overwrite and out.shape == x.shape and out.dtype == x.dtype:
+            out = out.add_(x)
+        else:
+            out = x + out
+        return out if self.norm_first else self.norm(out)
+
+
+def owns_output(sublayer: nn.Module, last: nn.Linear) -> bool:
+    """Whether the caller may overwrite ``sublayer``'s output, whose last step is the product
+    ``last``: no autograd to record it, and no forward hook (the sub-layer's, the product's or a
+    global one) that could have kept a reference."""
+    return not (torch.is_grad_enabled() or has_hooks(sublayer) or has_hooks(last))
+
+
+def many_rows(x: Tensor) -> bool:
+    """Whether x (…, D) has more rows than a decoding step: only there is a residual sum's new
+    buffer worth the checks of ``owns_output`` (an encoder's (B, T, D) sums: 1-2 % of a forward,
+    docs/performance.md, twelfth pass)."""
+    return x.numel() > SMALL_ROWS * x.shape[-1]
 
 
 def make_attention(config: TransformerConfig, *, cross: bool) -> MultiHeadAttention:
@@ -70,15 +92,20 @@ class EncoderLayer(nn.Module):
         (aiayn.packed_sequences); attention stays within each sequence.
         """
         weights = None
+        attention, feedforward = self.self_attention, self.feedforward
 
         def attend(h: Tensor) -> Tensor:
             nonlocal weights
-            out, weights = self.self_attention(h, mask=mask, causal=causal,
-                                               need_weights=need_weights, packed=packed)
+            out, weights = attention(h, mask=mask, causal=causal, need_weights=need_weights,
+                                     packed=packed)
             return out
 
-        x = self.attention_residual(x, attend)
-        return self.feedforward_residual(x, self.feedforward), weights
+        many = many_rows(x)
+        x = self.attention_residual(
+            x, attend, overwrite=many and owns_output(attention, attention.out_proj))
+        x = self.feedforward_residual(
+            x, feedforward, overwrite=many and owns_output(feedforward, feedforward.linear2))
+        return x, weights
 
 
 class DecoderLayer(nn.Module):
@@ -106,22 +133,29 @@ class DecoderLayer(nn.Module):
         added; ``memory_mask`` broadcasts to (B, H, T, S). Returns (B, T, D), self- and cross-weights.
         """
         self_weights = cross_weights = None
+        attention, cross_attention = self.self_attention, self.cross_attention
+        feedforward = self.feedforward
 
         def attend_self(h: Tensor) -> Tensor:
             nonlocal self_weights
-            out, self_weights = self.self_attention(h, mask=self_mask, causal=True, cache=cache,
-                                                    layer_index=layer_index,
-                                                    need_weights=need_weights)
+            out, self_weights = attention(h, mask=self_mask, causal=True, cache=cache,
+                                          layer_index=layer_index, need_weights=need_weights)
             return out
 
         def attend_memory(h: Tensor) -> Tensor:
             nonlocal cross_weights
-            out, cross_weights = self.cross_attention(h, memory, mask=memory_mask, cache=cache,
-                                                      layer_index=layer_index,
-                                                      need_weights=need_weights)
+            out, cross_weights = cross_attention(h, memory, mask=memory_mask, cache=cache,
+                                                 layer_index=layer_index,
+                                                 need_weights=need_weights)
             return out
 
-        x = self.self_attention_residual(x, attend_self)
-        if self.cross_attention is not None:
-            x = self.cross_attention_residual(x, attend_memory)
-        return self.feedforward_residual(x, self.feedforward), self_weights, cross_weights
+        many = many_rows(x)
+        x = self.self_attention_residual(
+            x, attend_self, overwrite=many and owns_output(attention, attention.out_proj))
+        if cross_attention is not None:
+            x = self.cross_attention_residual(
+                x, attend_memory,
+                overwrite=many and owns_output(cross_attention, cross_attention.out_proj))
+        x = self.feedforward_residual(
+            x, feedforward, overwrite=many and owns_output(feedforward, feedforward.linear2))
+        return x, self_weights, cross_weights
