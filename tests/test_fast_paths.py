@@ -387,6 +387,7 @@ def test_residual_sum_leaves_a_hooked_sublayer_output_unchanged(hooked):
     with torch.no_grad():
         attended = layer.attention_residual(x, lambda h: layer.self_attention(h)[0])
         expected = layer.feedforward(attended)
-    kept = seen[-1] if hooked != "global" else next(
-        out for out in seen if out.shape == expected.shape and torch.equal(out, expected))
-    torch.testing.assert_close(kept, expected, rtol=0, atol=0)
+    if hooked == "global":  # every module's output: the FFN's must be among them, unchanged
+        assert any(out.shape == expected.shape and torch.equal(out, expected) for out in seen)
+    else:
+        torch.testing.assert_close(seen[-1], expected, rtol=0, atol=0)
