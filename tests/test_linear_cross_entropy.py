@@ -161,12 +161,44 @@ def test_translation_loss_without_padding_equals_the_masked_forward():
                                expected, rtol=1e-5, atol=1e-4)
 
 
-def test_low_precision_and_autocast_keep_the_plain_path():
+def test_low_precision_hidden_states_keep_the_plain_path_and_autocast_chunks():
     hidden = torch.randn(4, 8)
     assert lce.fused_loss_applies(hidden)
     assert not lce.fused_loss_applies(hidden.bfloat16())
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not lce.fused_loss_applies(hidden)
+        assert lce.fused_loss_applies(hidden)
+        assert lce.autocast_dtype(hidden) == torch.bfloat16
+    assert lce.autocast_dtype(hidden) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_under_autocast_value_and_gradients_match_the_plain_autocast_path(dtype, smoothing,
+                                                                         with_bias):
+    """Under autocast the chunks' products run in its dtype like the plain path's: the same loss and
+    input gradient up to summation order, and a weight gradient that differs by the rounding of each
+    chunk's part (the plain path rounds the whole product once) on the weight's largest entries."""
+    hidden, weight, bias, targets = _inputs(rows=300, width=16, vocab=50)
+    plain = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    fused = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    with torch.autocast("cpu", dtype=dtype):
+        expected = label_smoothed_cross_entropy(
+            F.linear(plain[0], plain[1], plain[2] if with_bias else None), targets,
+            smoothing=smoothing)
+        got = linear_cross_entropy(fused[0], fused[1], targets,
+                                   bias=fused[2] if with_bias else None, smoothing=smoothing,
+                                   chunk=64)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-3)
+    expected.backward()
+    got.backward()
+    resolution = torch.finfo(dtype).eps  # one rounding, relative
+    for index in range(3 if with_bias else 2):
+        scale = plain[index].grad.abs().max()
+        assert fused[index].grad.dtype == torch.float32
+        torch.testing.assert_close(fused[index].grad, plain[index].grad, rtol=0,
+                                   atol=float(scale) * 2 * resolution)
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports (torch.jit)

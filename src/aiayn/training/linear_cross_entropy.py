@@ -38,11 +38,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if need_grad else None
         grad_weight = torch.zeros_like(weight) if need_grad else None
         grad_bias = torch.zeros_like(bias) if need_grad and bias is not None else None
+        # Under autocast the three products run in its dtype, as the plain path's would (the
+        # projection's and its backward's); the weight is cast once, not once per chunk.
+        low = autocast_dtype(hidden)
+        if low is not None:
+            weight_low = weight.to(low)  # (V, D)
+            bias_low = None if bias is None else bias.to(low)
         for begin in range(0, rows, chunk):
             h = hidden[begin: begin + chunk]  # (C, D)
             y = targets[begin: begin + chunk]  # (C,)
             on_onednn = onednn_linear.applies(h, weight)
-            if on_onednn:
+            if low is not None:
+                h = h.to(low)
+                logits = (torch.mm(h, weight_low.t()) if bias is None
+                          else torch.addmm(bias_low, h, weight_low.t()))  # (C, V)
+            elif on_onednn:
                 logits = onednn_linear.matmul_transposed(h, weight, bias)  # (C, V)
             else:
                 logits = (torch.mm(h, weight.t()) if bias is None
@@ -65,6 +75,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # The softmax on kept rows (zero on ignored ones), in place, then the targets' part.
             kept = keep.to(exps.dtype).unsqueeze(1)  # (C, 1)
             grad = subtract_smoothed_targets(exps.mul_(kept / sums), safe, keep, smoothing)
+            if low is not None:
+                # The plain path rounds the logits' gradient to the autocast dtype too; the weight
+                # gradient is rounded once per chunk and summed in float32 (the plain path rounds
+                # the whole (V, N) x (N, D) product once).
+                grad = grad.to(low)  # (C, V)
+                grad_hidden[begin: begin + chunk] = torch.mm(grad, weight_low)  # (C, D)
+                grad_weight += torch.mm(grad.t(), h)  # (V, D)
+                if grad_bias is not None:
+                    grad_bias += grad.sum(dim=0, dtype=torch.float32)
+                continue
             grad = grad.to(hidden.dtype)
             if on_onednn:
                 grad_hidden[begin: begin + chunk] = onednn_linear.matmul(grad, weight)  # (C, D)
@@ -133,11 +153,16 @@ enabled = True  # module switch: tests and A/B benchmarks turn the fused path of
 
 
 def fused_loss_applies(hidden: Tensor) -> bool:
-    """Whether ``projected_loss`` takes the chunked path: switched on, float32 hidden states and not
-    under autocast. Low-precision runs keep the plain path: there the projection's weight gradient
-    would be rounded to bf16/fp16 once per chunk instead of once."""
-    return (enabled and hidden.dtype == torch.float32
-            and not torch.is_autocast_enabled(hidden.device.type))
+    """Whether ``projected_loss`` takes the chunked path: switched on and float32 hidden states, with
+    or without autocast (under autocast its products run in the autocast dtype). Hidden states
+    stored in bf16/fp16 keep the plain path."""
+    return enabled and hidden.dtype == torch.float32
+
+
+def autocast_dtype(hidden: Tensor) -> torch.dtype | None:
+    """The dtype autocast runs products in on ``hidden``'s device, or None outside autocast."""
+    device = hidden.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
 
 
 def runs_uncompiled(model: torch.nn.Module, model_class: type) -> bool:
