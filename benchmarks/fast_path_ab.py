@@ -27,7 +27,10 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
   projections folded into the cached memory (``aiayn.attention.folded_cross``); tokens identical;
 - ``encoder-residual``, ``encoder-residual-padded``: encoder inference with each residual sum in a
   new tensor ("before") and written into the sub-layer's output (``aiayn.layers.owns_output``);
-  outputs identical.
+  outputs identical;
+- ``lm-bf16``: lm_train.py's training step under CPU bf16 autocast (every side, HF's too) with the
+  loss's plain logits path ("before", as until the twelfth pass) and the chunked loss (its products
+  in bf16).
 
 ``--baseline pass2`` switches off the fast paths of the decode passes after the first (derived
 weights for few rows, ``aiayn.inference_linear.small_rows_linear``, the packed layer weights and the
@@ -42,6 +45,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
     python3 benchmarks/fast_path_ab.py greedy1 beam greedy --baseline pass3 --rounds 6
     python3 benchmarks/fast_path_ab.py beam-folded --rounds 20
     python3 benchmarks/fast_path_ab.py encoder-residual encoder-residual-padded --rounds 16
+    python3 benchmarks/fast_path_ab.py lm-bf16 --rounds 9
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from aiayn import inference_linear, layers, onednn_linear, packed_sequences
 from aiayn.attention import folded_cross
 from aiayn.attention.cache import KVCache
 from aiayn.models.heads import OutputProjection
+from aiayn.training import linear_cross_entropy
 
 
 BASELINE = "plain"  # set by --baseline
@@ -227,6 +232,26 @@ def residual_encoder_variants(padded: bool) -> dict:
     return {"before": before, "after": sides["aiayn"], "hf": sides["hf"]}
 
 
+def bf16_lm_training_variants() -> dict:
+    """lm_train.py's step under bf16 autocast: the plain loss path ("before") and the chunked one."""
+    sides = lm_train.build_sides(256, ["aiayn", "hf"])
+
+    def autocast(step):
+        def call():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return step()
+        return call
+
+    def plain_loss(hidden):
+        return False
+
+    def before():
+        with setting(linear_cross_entropy, "fused_loss_applies", plain_loss):
+            return autocast(sides["aiayn"])()
+
+    return {"before": before, "after": autocast(sides["aiayn"]), "hf": autocast(sides["hf"])}
+
+
 def padded_encoder_training_variants() -> dict:
     """Training steps on the padded batch: aiayn with the padding kept ("before", its own model and
     optimizer) and skipped ("after"), and HF's BertModel, all from the same weights."""
@@ -319,7 +344,8 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "encoder-128-rows": few_rows_encoder_variants,
             "seq2seq-128-rows": few_rows_training_variants, "beam-folded": folded_beam_variants,
             "encoder-residual": lambda: residual_encoder_variants(padded=False),
-            "encoder-residual-padded": lambda: residual_encoder_variants(padded=True)}
+            "encoder-residual-padded": lambda: residual_encoder_variants(padded=True),
+            "lm-bf16": bf16_lm_training_variants}
 
 
 def measure(variants: dict, rounds: int) -> dict[str, float]:

@@ -8,6 +8,9 @@ it into the gradients of the hidden states and of the projection matrix (two mat
 the plain backward does), and drops the chunk's logits. Backward then only scales the stored gradients
 by the incoming one. Same loss and gradients as ``linear`` + ``label_smoothed_cross_entropy`` (summation
 order aside; tests/test_linear_cross_entropy.py); the peak memory of the loss becomes O(chunk x V).
+Under autocast the three products run in its dtype, as the plain path's would, and everything else in
+float32; the weight gradient is then rounded once per chunk and summed in float32 (a bf16 LM training
+step 1.18x the plain autocast path on a Zen 4, docs/performance.md, twelfth pass).
 
 The smoothed loss is the one of ``aiayn.training.loss`` (paper 5.4): (1 - eps) * -log p[y] +
 eps * mean_v(-log p[v]), over the V possible tokens; its gradient w.r.t. the logits z is
