@@ -161,17 +161,19 @@ def test_translation_loss_without_padding_equals_the_masked_forward():
                                expected, rtol=1e-5, atol=1e-4)
 
 
-def test_low_precision_hidden_states_keep_the_plain_path_and_autocast_chunks():
+def test_low_precision_hidden_states_and_fp16_autocast_keep_the_plain_path():
     hidden = torch.randn(4, 8)
     assert lce.fused_loss_applies(hidden)
     assert not lce.fused_loss_applies(hidden.bfloat16())
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert lce.fused_loss_applies(hidden)
         assert lce.autocast_dtype(hidden) == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.float16):  # a gradient scaler must see fp16 gradients
+        assert not lce.fused_loss_applies(hidden)
     assert lce.autocast_dtype(hidden) is None
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])  # fp16: the function itself
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_under_autocast_value_and_gradients_match_the_plain_autocast_path(dtype, smoothing,

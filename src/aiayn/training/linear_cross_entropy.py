@@ -8,9 +8,9 @@ it into the gradients of the hidden states and of the projection matrix (two mat
 the plain backward does), and drops the chunk's logits. Backward then only scales the stored gradients
 by the incoming one. Same loss and gradients as ``linear`` + ``label_smoothed_cross_entropy`` (summation
 order aside; tests/test_linear_cross_entropy.py); the peak memory of the loss becomes O(chunk x V).
-Under autocast the three products run in its dtype, as the plain path's would, and everything else in
+Under bf16 autocast the three products run in bf16, as the plain path's would, and everything else in
 float32; the weight gradient is then rounded once per chunk and summed in float32 (a bf16 LM training
-step 1.18x the plain autocast path on a Zen 4, docs/performance.md, twelfth pass).
+step 1.16-1.21x the plain autocast path on a Zen 4, docs/performance.md, twelfth pass).
 
 The smoothed loss is the one of ``aiayn.training.loss`` (paper 5.4): (1 - eps) * -log p[y] +
 eps * mean_v(-log p[v]), over the V possible tokens; its gradient w.r.t. the logits z is
@@ -156,10 +156,13 @@ enabled = True  # module switch: tests and A/B benchmarks turn the fused path of
 
 
 def fused_loss_applies(hidden: Tensor) -> bool:
-    """Whether ``projected_loss`` takes the chunked path: switched on and float32 hidden states, with
-    or without autocast (under autocast its products run in the autocast dtype). Hidden states
-    stored in bf16/fp16 keep the plain path."""
-    return enabled and hidden.dtype == torch.float32
+    """Whether ``projected_loss`` takes the chunked path: switched on and float32 hidden states,
+    without autocast or under bf16 autocast (its products then run in bf16). Under fp16 autocast the
+    plain path stays: the chunks compute their gradients in the forward pass, before a gradient
+    scaler's factor could keep fp16's small values from underflowing. Hidden states stored in
+    bf16/fp16 keep the plain path too."""
+    return enabled and hidden.dtype == torch.float32 and autocast_dtype(hidden) in (None,
+                                                                                   torch.bfloat16)
 
 
 def autocast_dtype(hidden: Tensor) -> torch.dtype | None:
