@@ -7,6 +7,9 @@
 - rebuilt whenever the weight changes: an optimizer step, ``load_state_dict``, ``copy_``, ``.data``
   assignment, ``.to()``; decoding right after a training step uses the new weights;
 - greedy generation and beam search give the same tokens with the path switched off;
+- where no copy is made (copies switched off, inference tensors), steps of 2..64 rows go through
+  oneDNN on the weight as it is (``uses_uncopied_step``), equal to ``F.linear`` (+ activation), and
+  only there; the output projection from 16 rows; decoding gives the same tokens that way;
 - entries go away with their weight; autograd and float64 never take the path.
 """
 import contextlib
@@ -25,6 +28,8 @@ from aiayn.decoding.sampling import generate
 VOCAB = inference_linear.PACKED_MIN_OUTPUTS  # large enough for the packed path at 2..64 rows
 needs_onednn = pytest.mark.skipif(inference_linear._REORDER is None,
                                   reason="no oneDNN packed linear here")
+needs_pointwise = pytest.mark.skipif(inference_linear._LINEAR_POINTWISE is None,
+                                     reason="no oneDNN linear here")
 
 
 @contextlib.contextmanager
@@ -37,14 +42,18 @@ def threads(count: int):
         torch.set_num_threads(saved)
 
 
-def _fast_and_plain(call, monkeypatch):
+SWITCHES = ("small_rows_enabled", "split_gemv_enabled", "uncopied_steps_enabled")
+
+
+def _fast_and_plain(call, monkeypatch, *, keep: tuple[str, ...] = ()):
+    """``call()`` with every fast path of this module, then with all but ``keep`` switched off."""
     with torch.no_grad():
         fast = call()
-        monkeypatch.setattr(inference_linear, "small_rows_enabled", False)
-        monkeypatch.setattr(inference_linear, "split_gemv_enabled", False)
+        for switch in SWITCHES:
+            monkeypatch.setattr(inference_linear, switch, switch in keep)
         plain = call()
-        monkeypatch.setattr(inference_linear, "small_rows_enabled", True)
-        monkeypatch.setattr(inference_linear, "split_gemv_enabled", True)
+        for switch in SWITCHES:
+            monkeypatch.setattr(inference_linear, switch, True)
     return fast, plain
 
 
@@ -191,17 +200,23 @@ def test_packed_layer_only_where_it_applies(monkeypatch):
         monkeypatch.setattr(inference_linear, "packed_layers_enabled", True)
         monkeypatch.setattr(inference_linear, "small_rows_enabled", False)
         assert not inference_linear.uses_packed_layer(x, layer)
+        monkeypatch.setattr(inference_linear, "uncopied_steps_enabled", False)
         assert inference_linear.linear_activation(layer, x, "relu") is None  # caller's plain path
 
 
-def test_weights_made_under_inference_mode_keep_the_plain_path():
+def test_weights_made_under_inference_mode_get_no_copy():
     # Inference tensors have no version counter, so a derived copy could go stale unseen.
     with torch.inference_mode():
         layer, head = nn.Linear(16, 32), torch.randn(VOCAB, 16)
         x = torch.randn(4, 16)
         assert not inference_linear.uses_packed_layer(x, layer)
         assert not inference_linear.uses_small_rows(x, head)
-        torch.testing.assert_close(inference_linear.linear(layer, x), layer(x))
+        assert inference_linear.uses_uncopied_step(x, layer.weight) == (
+            inference_linear._LINEAR_POINTWISE is not None)
+        entries = len(inference_linear.packed_weights)
+        torch.testing.assert_close(inference_linear.linear(layer, x), layer(x),
+                                   rtol=1e-5, atol=1e-5)
+        assert len(inference_linear.packed_weights) == entries
         model = _lm()  # a whole model made and used under inference_mode decodes as usual
         tokens = generate(model, torch.randint(1, VOCAB, (2, 3)), max_new_tokens=3, greedy=True)
         assert len(tokens.tokens) == 2
@@ -253,3 +268,91 @@ def test_beam_search_equals_the_plain_path(monkeypatch):
     assert [h.tokens for h in fast] == [h.tokens for h in plain]
     torch.testing.assert_close(torch.tensor([h.score for h in fast]),
                                torch.tensor([h.score for h in plain]), rtol=1e-5, atol=1e-5)
+
+
+# --- no copies: oneDNN on the weight as it is -----------------------------------------------------
+@needs_pointwise
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "silu"])
+@pytest.mark.parametrize("rows", [2, 7, 16, 64])
+@pytest.mark.parametrize("bias", [True, False])
+def test_uncopied_step_equals_linear(rows, activation, bias, monkeypatch):
+    monkeypatch.setattr(inference_linear, "small_rows_enabled", False)  # no copies
+    torch.manual_seed(rows)
+    layer = nn.Linear(40, 72, bias=bias)
+    x = torch.randn(rows, 1, 40)
+    plain = {None: lambda h: h, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}[activation](layer(x))
+    calls = []
+    pointwise = inference_linear._LINEAR_POINTWISE
+    monkeypatch.setattr(inference_linear, "_LINEAR_POINTWISE",
+                        lambda *args: calls.append(args[1]) or pointwise(*args))
+    entries = len(inference_linear.packed_weights)
+    with torch.no_grad():
+        assert inference_linear.uses_uncopied_step(x, layer.weight)
+        assert not inference_linear.uses_packed_layer(x, layer)
+        out = (inference_linear.linear(layer, x) if activation is None
+               else inference_linear.linear_activation(layer, x, activation))
+    assert len(inference_linear.packed_weights) == entries  # nothing derived
+    assert len(calls) == 1 and calls[0] is layer.weight  # oneDNN on the weight itself
+    assert out.shape == (rows, 1, 72)
+    torch.testing.assert_close(out, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_uncopied_step_only_where_it_applies(monkeypatch):
+    weight = torch.randn(32, 16, requires_grad=True)
+    x = torch.randn(4, 16)
+    assert not inference_linear.uses_uncopied_step(x, weight)  # autograd on
+    with torch.no_grad():
+        assert inference_linear.uses_uncopied_step(x, weight) == (
+            inference_linear._LINEAR_POINTWISE is not None)
+        assert not inference_linear.uses_uncopied_step(torch.randn(1, 16), weight)  # one row
+        assert not inference_linear.uses_uncopied_step(torch.randn(65, 16), weight)  # not a step
+        assert not inference_linear.uses_uncopied_step(torch.randn(1, 8, 16), weight)  # a prefill
+        assert not inference_linear.uses_uncopied_step(x.double(), weight.double())
+        monkeypatch.setattr(inference_linear, "uncopied_steps_enabled", False)
+        assert not inference_linear.uses_uncopied_step(x, weight)
+        monkeypatch.setattr(inference_linear, "small_rows_enabled", False)
+        layer = nn.Linear(16, 32)
+        assert inference_linear.linear_activation(layer, x, "relu") is None  # caller's plain path
+
+
+@needs_pointwise
+@pytest.mark.parametrize("rows", [2, 8, 16, 64])
+def test_output_projection_without_copies(rows, monkeypatch):
+    from aiayn.models.heads import OutputProjection
+    monkeypatch.setattr(inference_linear, "small_rows_enabled", False)
+    torch.manual_seed(rows)
+    config = TransformerConfig.preset("tiny", vocab_size=VOCAB, output_bias=True)
+    head = OutputProjection(config, nn.Embedding(VOCAB, 24), tied=True)
+    with torch.no_grad():
+        head.bias.normal_()
+    hidden = torch.randn(rows, 1, 24)
+    calls = []
+    uncopied = inference_linear.uncopied_step_linear
+    monkeypatch.setattr(inference_linear, "uncopied_step_linear",
+                        lambda *args: calls.append(rows) or uncopied(*args))
+    with torch.no_grad():
+        out = head(hidden)
+    # oneDNN from UNCOPIED_MIN_ROWS rows; below, the vocabulary-major product
+    assert len(calls) == (rows >= OutputProjection.UNCOPIED_MIN_ROWS)
+    assert out.shape == (rows, 1, VOCAB) and out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(hidden, head.weight, head.bias), rtol=1e-5, atol=1e-5)
+
+
+@needs_pointwise
+def test_decoding_without_copies_equals_the_plain_path(monkeypatch):
+    torch.manual_seed(0)
+    lm = _lm()
+    prompts = torch.randint(1, VOCAB, (16, 5))  # 16 rows: the output projection's uncopied path too
+    monkeypatch.setattr(inference_linear, "small_rows_enabled", False)
+    for batch in (3, 16):
+        run = lambda: generate(lm, prompts[:batch], max_new_tokens=6, greedy=True).tokens  # noqa
+        uncopied, plain = _fast_and_plain(run, monkeypatch, keep=("uncopied_steps_enabled",))
+        monkeypatch.setattr(inference_linear, "small_rows_enabled", False)
+        assert uncopied == plain
+    config = TransformerConfig.preset("tiny", vocab_size=VOCAB, max_length=64)
+    model = Transformer(config).eval()
+    src = torch.randint(3, VOCAB, (4, 6))
+    uncopied, plain = _fast_and_plain(
+        lambda: beam_search(model, src, torch.ones(4, 6, dtype=torch.bool), beam_size=4, max_extra=5),
+        monkeypatch, keep=("uncopied_steps_enabled",))
+    assert [h.tokens for h in uncopied] == [h.tokens for h in plain]

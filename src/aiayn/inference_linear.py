@@ -25,6 +25,14 @@ a derived copy of the weight is made once and reused while the weight is unchang
   layout (transposed copies measured 3-6 % slower in whole decoding runs, oneDNN's packed weight 20 %
   slower).
 
+Where no copy is made (copies switched off, or a weight made under ``torch.inference_mode``, whose
+changes could not be seen), the layers' products at 2..64 rows still go through oneDNN, on the weight
+as it is (``uses_uncopied_step``): oneDNN reads the (O, I) matrix in place where MKL's GEMM repacks
+all of it on every call. Measured (2 threads, cold weights, the 16 products of a 4-layer decoder
+step, MKL / oneDNN): d256 1.16-1.55x, d512 1.25-1.70x at 2..64 rows; whole generations with the
+copies switched off 1.08-1.09x (greedy batch 8, beam search of 4 x 4). The vocabulary-sized output
+projection takes it from 16 rows (``OutputProjection``; below, its vocabulary-major product is faster).
+
 At one row with 2+ threads every product (layers and output projection) is ``split_gemv`` instead:
 MKL runs a lone GEMV on one thread, so the weight, unchanged and uncopied, is multiplied as P
 row blocks in one batched call that spreads over the threads (the 16 layer products of a d256 step
@@ -32,10 +40,11 @@ row blocks in one batched call that spreads over the threads (the 16 layer produ
 
 The price is memory: one derived copy of every matrix a decoding step multiplies at 2..64 rows (and of
 the output projection at one row on one thread). ``small_rows_enabled = False`` turns all of it off;
-``packed_layers_enabled = False`` only the layers' part; ``split_gemv_enabled = False`` the split. A derived copy is rebuilt whenever its
-weight changes: in-place updates (an optimizer step, ``load_state_dict``, ``copy_``) bump the
-weight's version counter, ``.to()`` / ``.data = ...`` change its storage, and the cache checks both on
-every call; fused optimizers update weights in place without moving the version counter, so every
+``packed_layers_enabled = False`` only the layers' part; ``split_gemv_enabled = False`` the split;
+``uncopied_steps_enabled = False`` the oneDNN products on uncopied weights. A derived copy is
+rebuilt whenever its weight changes: in-place updates (an optimizer step, ``load_state_dict``,
+``copy_``) bump the weight's version counter, ``.to()`` / ``.data = ...`` change its storage, and the
+cache checks both on every call; fused optimizers update weights in place without moving the version counter, so every
 optimizer step in the process (a global ``torch.optim`` step hook) invalidates all copies as well.
 
 Results equal ``linear`` (+ activation) up to summation order (tests/test_fast_paths.py,
@@ -96,6 +105,8 @@ def linear(layer: nn.Linear, x: Tensor) -> Tensor:
     elif 1 < rows <= SMALL_ROWS:
         if _packs_layer(x, weight):
             return _LINEAR_POINTWISE(x, _onednn_packed(weight), layer.bias, "none", [], "")
+        if _steps_uncopied(x, weight):
+            return _LINEAR_POINTWISE(x, weight, layer.bias, "none", [], "")
     elif uses_onednn(x, layer):
         return onednn_linear.linear(x, weight, layer.bias)
     return layer(x)
@@ -114,6 +125,8 @@ def linear_activation(layer: nn.Linear, x: Tensor, activation: str) -> Tensor | 
     if 1 < rows <= SMALL_ROWS:
         if _packs_layer(x, weight):
             return _LINEAR_POINTWISE(x, _onednn_packed(weight), layer.bias, fused[0], [], fused[1])
+        if _steps_uncopied(x, weight):
+            return _LINEAR_POINTWISE(x, weight, layer.bias, fused[0], [], fused[1])
     elif rows > SMALL_ROWS and uses_onednn(x, layer):
         return onednn_linear.linear(x, weight, layer.bias, activation=activation)
     return None
@@ -204,6 +217,31 @@ def _packs_layer(x: Tensor, weight: Tensor) -> bool:
             and _REORDER is not None and not torch.is_grad_enabled() and x.device.type == "cpu"
             and x.dtype == torch.float32 and weight.dtype == torch.float32
             and not torch.compiler.is_compiling() and not weight.is_inference())
+
+
+uncopied_steps_enabled = True  # module switch: oneDNN on the weight as it is where no copy is made
+
+
+def uses_uncopied_step(x: Tensor, weight: Tensor) -> bool:
+    """Whether a decoding step of 2..SMALL_ROWS rows that gets no derived copy (copies switched off,
+    or the weight of an inference tensor) is multiplied by oneDNN on the weight as it is
+    (``uncopied_step_linear``): CPU float32, no autograd, not inside ``torch.compile``."""
+    return (uncopied_steps_enabled and 1 < x.numel() // x.shape[-1] <= SMALL_ROWS
+            and _steps_uncopied(x, weight))
+
+
+def uncopied_step_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear(x, weight, bias)`` through oneDNN on the uncopied weight; where
+    ``uses_uncopied_step`` holds."""
+    return _LINEAR_POINTWISE(x, weight, bias, "none", [], "")
+
+
+def _steps_uncopied(x: Tensor, weight: Tensor) -> bool:
+    """``uses_uncopied_step`` once the row count is known to be 2..SMALL_ROWS."""
+    return (uncopied_steps_enabled and (x.dim() < 3 or x.shape[-2] == 1)
+            and _LINEAR_POINTWISE is not None and not torch.is_grad_enabled()
+            and x.device.type == "cpu" and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and not torch.compiler.is_compiling())
 
 
 split_gemv_enabled = True  # module switch: one-row products split across threads
