@@ -30,7 +30,10 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
   outputs identical;
 - ``lm-bf16``: lm_train.py's training step under CPU bf16 autocast (every side, HF's too) with the
   loss's plain logits path ("before", as until the twelfth pass) and the chunked loss (its products
-  in bf16).
+  in bf16);
+- ``greedy-uncopied``, ``beam-uncopied``: ``greedy`` / ``beam`` with the derived weight copies
+  switched off (``small_rows_enabled = False``, the memory-lean setting), the steps' products through
+  MKL ("before") and through oneDNN on the weights as they are (``uses_uncopied_step``).
 
 ``--baseline pass2`` switches off the fast paths of the decode passes after the first (derived
 weights for few rows, ``aiayn.inference_linear.small_rows_linear``, the packed layer weights and the
@@ -46,6 +49,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
     python3 benchmarks/fast_path_ab.py beam-folded --rounds 20
     python3 benchmarks/fast_path_ab.py encoder-residual encoder-residual-padded --rounds 16
     python3 benchmarks/fast_path_ab.py lm-bf16 --rounds 9
+    python3 benchmarks/fast_path_ab.py greedy-uncopied beam-uncopied --rounds 9
 """
 
 from __future__ import annotations
@@ -190,6 +194,25 @@ def greedy_variants(batch: int = 8) -> dict:
 
     assert torch.equal(before(), sides["aiayn"]()), "fast and plain greedy decoding disagree"
     return {"before": before, "after": sides["aiayn"], "hf": sides["hf"]}
+
+
+def uncopied_variants(decoding: str) -> dict:
+    """generation.py's greedy batch 8 / beam loop with the derived weight copies switched off, the
+    steps' products through MKL ("before", as until the thirteenth pass) and through oneDNN on the
+    weights as they are (``inference_linear.uses_uncopied_step``); tokens identical."""
+    sides = greedy_variants() if decoding == "greedy" else beam_variants()
+    fast = sides["after"]
+
+    def before():
+        with switched_off("small_rows_enabled", "uncopied_steps_enabled"):
+            return fast()
+
+    def after():
+        with switched_off("small_rows_enabled"):
+            return fast()
+
+    assert torch.equal(before(), after()), "uncopied and plain decoding disagree"
+    return {"before": before, "after": after, "hf": sides["hf"]}
 
 
 def encoder_variants() -> dict:
@@ -345,7 +368,9 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "seq2seq-128-rows": few_rows_training_variants, "beam-folded": folded_beam_variants,
             "encoder-residual": lambda: residual_encoder_variants(padded=False),
             "encoder-residual-padded": lambda: residual_encoder_variants(padded=True),
-            "lm-bf16": bf16_lm_training_variants}
+            "lm-bf16": bf16_lm_training_variants,
+            "greedy-uncopied": lambda: uncopied_variants("greedy"),
+            "beam-uncopied": lambda: uncopied_variants("beam")}
 
 
 def measure(variants: dict, rounds: int) -> dict[str, float]:

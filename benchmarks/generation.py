@@ -8,7 +8,10 @@
 The aiayn side is ``aiayn.decoding`` when that package provides the function, else the plain loop over
 the static cache written below (``greedy_loop`` / ``beam_loop``); ``aiayn+compile`` is the same
 ``generate`` with ``compile=True`` (each decoding step one ``torch.compile`` graph; the time of its
-first call, compilation included, is reported).
+first call, compilation included, is reported). ``aiayn-uncopied`` (greedy batch 8 and beam search) is
+``aiayn`` with the derived weight copies of decoding steps switched off
+(``aiayn.inference_linear.small_rows_enabled = False``): the memory-lean setting, with its own peak
+memory, since the copies (~20 MiB here) are what puts the default above HF's memory in these rows.
 
     python3 benchmarks/generation.py
 """
@@ -96,6 +99,18 @@ def _inference(call):
         return call()
 
 
+def _uncopied(call):
+    """``call()`` with the derived weight copies of decoding steps switched off."""
+    from aiayn import inference_linear
+
+    saved = inference_linear.small_rows_enabled
+    inference_linear.small_rows_enabled = False
+    try:
+        return call()
+    finally:
+        inference_linear.small_rows_enabled = saved
+
+
 def _library_greedy():
     try:
         from aiayn.decoding.sampling import generate  # helper `lm`'s implementation, when merged
@@ -108,11 +123,11 @@ def build_greedy(which: list[str], batch: int) -> dict:
     torch.manual_seed(0)
     hf = hf_gpt2(d_model=256, layers=4, heads=4, vocab=8192, positions=512).eval()
     prompt = torch.randint(1, 8192, (batch, PROMPT))
+    library = _library_greedy()
     sides = {}
     for name in which:
         if name == "aiayn":
             model = aiayn_from_hf(hf).eval()
-            library = _library_greedy()
             if library is None:
                 sides[name] = lambda model=model: greedy_loop(model, prompt, NEW)[:, PROMPT:]
             else:
@@ -125,6 +140,10 @@ def build_greedy(which: list[str], batch: int) -> dict:
         elif name == "aiayn-loop":
             model = aiayn_from_hf(hf).eval()
             sides[name] = lambda model=model: greedy_loop(model, prompt, NEW)[:, PROMPT:]
+        elif name == "aiayn-uncopied":
+            model = aiayn_from_hf(hf).eval()
+            sides[name] = lambda model=model: _uncopied(lambda: _inference(lambda: torch.tensor(
+                library(model, prompt, max_new_tokens=NEW, greedy=True).tokens)))
         else:
             sides[name] = lambda: hf.generate(
                 prompt, attention_mask=torch.ones_like(prompt), do_sample=False, num_beams=1,
@@ -143,6 +162,9 @@ def build_beam(which: list[str]) -> dict:
             model = aiayn_from_hf(hf).eval()
             sides[name] = lambda model=model, compiled=name == "aiayn+compile": beam_loop(
                 model, src, BEAMS, BEAM_NEW, compile=compiled)
+        elif name == "aiayn-uncopied":
+            model = aiayn_from_hf(hf).eval()
+            sides[name] = lambda model=model: _uncopied(lambda: beam_loop(model, src, BEAMS, BEAM_NEW))
         else:
             sides[name] = lambda: hf.generate(
                 src, attention_mask=torch.ones_like(src), num_beams=BEAMS, do_sample=False,
@@ -155,9 +177,12 @@ def build_beam(which: list[str]) -> dict:
 def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
     setup()
     rows = []
+    has_library = _library_greedy() is not None
     for batch in (1, 8):
-        names = ["aiayn", "hf"] + (["aiayn-loop", "aiayn+compile"] if _library_greedy() is not None
-                                   else [])
+        names = ["aiayn", "hf"]
+        if has_library:  # one row makes no copies (split products): no "aiayn-uncopied" there
+            names += ["aiayn-loop", "aiayn+compile"] + (["aiayn-uncopied"] if batch > 1 else [])
+        measured = [name for name in names if name in ("aiayn", "aiayn-uncopied", "hf")]
         sides = build_greedy(names, batch)
         reference = sides["hf"]()
         same, first_call = {}, {}
@@ -168,7 +193,7 @@ def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
                 first_call[name] = time.perf_counter() - began  # compiles the step: "aiayn+compile"
         timing = alternate(sides, rounds=rounds, warmup=1)
         rss = ({name: peak_rss_subprocess("generation.py", name, ["--greedy-batch", str(batch)])
-                for name in ("aiayn", "hf")} if memory else {"aiayn": None, "hf": None})
+                for name in measured} if memory else {"hf": None})
         for ours in names:
             if ours == "hf":
                 continue
@@ -179,18 +204,18 @@ def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
                              peer_value=batch * NEW / timing.median("hf"), same_tokens=same[ours],
                              ours_rss=rss.get(ours), peer_rss=rss["hf"],
                              compile_s=first_call[ours] if ours == "aiayn+compile" else None))
-    names = ["aiayn", "hf", "aiayn+compile"]
+    names = ["aiayn", "hf", "aiayn+compile", "aiayn-uncopied"]
     sides = build_beam(names)
     reference = sides["hf"]()[:, : BEAM_NEW + 1]
     same, first_call = {}, {}
-    for name in ("aiayn", "aiayn+compile"):
+    for name in ("aiayn", "aiayn+compile", "aiayn-uncopied"):
         began = time.perf_counter()
         same[name] = torch.equal(sides[name](), reference)
         first_call[name] = time.perf_counter() - began
     timing = alternate(sides, rounds=rounds, warmup=1)
-    rss = ({name: peak_rss_subprocess("generation.py", name, ["--beam"]) for name in ("aiayn", "hf")}
-           if memory else {"aiayn": None, "hf": None})
-    for ours in ("aiayn", "aiayn+compile"):
+    rss = ({name: peak_rss_subprocess("generation.py", name, ["--beam"])
+            for name in ("aiayn", "aiayn-uncopied", "hf")} if memory else {"hf": None})
+    for ours in ("aiayn", "aiayn+compile", "aiayn-uncopied"):
         rows.append(dict(benchmark=f"beam search ({BEAMS} beams)",
                          shape=f"marian d256 3+3 V8192 B{BEAM_BATCH} S{SOURCE} +{BEAM_NEW}",
                          ours=ours, peer="hf-marian", metric="new tokens/s",
