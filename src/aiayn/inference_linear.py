@@ -30,8 +30,9 @@ changes could not be seen), the layers' products at 2..64 rows still go through 
 as it is (``uses_uncopied_step``): oneDNN reads the (O, I) matrix in place where MKL's GEMM repacks
 all of it on every call. Measured (2 threads, cold weights, the 16 products of a 4-layer decoder
 step, MKL / oneDNN): d256 1.16-1.55x, d512 1.25-1.70x at 2..64 rows; whole generations with the
-copies switched off 1.08-1.09x (greedy batch 8, beam search of 4 x 4). The vocabulary-sized output
-projection takes it from 16 rows (``OutputProjection``; below, its vocabulary-major product is faster).
+copies switched off 1.06-1.19x (greedy batch 8, beam search of 4 x 4: ``benchmarks/fast_path_ab.py
+greedy-uncopied beam-uncopied``). The vocabulary-sized output projection takes it from 16 rows
+(``OutputProjection``; below, its vocabulary-major product is faster).
 
 At one row with 2+ threads every product (layers and output projection) is ``split_gemv`` instead:
 MKL runs a lone GEMV on one thread, so the weight, unchanged and uncopied, is multiplied as P
@@ -44,8 +45,9 @@ the output projection at one row on one thread). ``small_rows_enabled = False`` 
 ``uncopied_steps_enabled = False`` the oneDNN products on uncopied weights. A derived copy is
 rebuilt whenever its weight changes: in-place updates (an optimizer step, ``load_state_dict``,
 ``copy_``) bump the weight's version counter, ``.to()`` / ``.data = ...`` change its storage, and the
-cache checks both on every call; fused optimizers update weights in place without moving the version counter, so every
-optimizer step in the process (a global ``torch.optim`` step hook) invalidates all copies as well.
+cache checks both on every call; fused optimizers update weights in place without moving the version
+counter, so every optimizer step in the process (a global ``torch.optim`` step hook) invalidates all
+copies as well.
 
 Results equal ``linear`` (+ activation) up to summation order (tests/test_fast_paths.py,
 tests/test_packed_weights.py).
@@ -226,8 +228,7 @@ def uses_uncopied_step(x: Tensor, weight: Tensor) -> bool:
     """Whether a decoding step of 2..SMALL_ROWS rows that gets no derived copy (copies switched off,
     or the weight of an inference tensor) is multiplied by oneDNN on the weight as it is
     (``uncopied_step_linear``): CPU float32, no autograd, not inside ``torch.compile``."""
-    return (uncopied_steps_enabled and 1 < x.numel() // x.shape[-1] <= SMALL_ROWS
-            and _steps_uncopied(x, weight))
+    return 1 < x.numel() // x.shape[-1] <= SMALL_ROWS and _steps_uncopied(x, weight)
 
 
 def uncopied_step_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
