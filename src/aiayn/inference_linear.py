@@ -108,7 +108,7 @@ def linear(layer: nn.Linear, x: Tensor) -> Tensor:
         if _packs_layer(x, weight):
             return _LINEAR_POINTWISE(x, _onednn_packed(weight), layer.bias, "none", [], "")
         if _steps_uncopied(x, weight):
-            return _LINEAR_POINTWISE(x, weight, layer.bias, "none", [], "")
+            return uncopied_step_linear(x, weight, layer.bias)
     elif uses_onednn(x, layer):
         return onednn_linear.linear(x, weight, layer.bias)
     return layer(x)
@@ -215,10 +215,17 @@ def uses_packed_layer(x: Tensor, layer: nn.Linear) -> bool:
 
 def _packs_layer(x: Tensor, weight: Tensor) -> bool:
     """``uses_packed_layer`` once the row count is known to be 2..SMALL_ROWS."""
-    return (packed_layers_enabled and small_rows_enabled and (x.dim() < 3 or x.shape[-2] == 1)
-            and _REORDER is not None and not torch.is_grad_enabled() and x.device.type == "cpu"
-            and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and not torch.compiler.is_compiling() and not weight.is_inference())
+    # is_inference() last: torch.compile cannot trace it, and the step test excludes compiling
+    return (packed_layers_enabled and small_rows_enabled and _REORDER is not None
+            and _eager_float32_step(x, weight) and not weight.is_inference())
+
+
+def _eager_float32_step(x: Tensor, weight: Tensor) -> bool:
+    """What both few-row layer paths need besides their switches: one new position per row ((N, 1,
+    I) or (N, I)), no autograd, CPU float32, not inside ``torch.compile``."""
+    return ((x.dim() < 3 or x.shape[-2] == 1) and not torch.is_grad_enabled()
+            and x.device.type == "cpu" and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and not torch.compiler.is_compiling())
 
 
 uncopied_steps_enabled = True  # module switch: oneDNN on the weight as it is where no copy is made
@@ -239,10 +246,8 @@ def uncopied_step_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tens
 
 def _steps_uncopied(x: Tensor, weight: Tensor) -> bool:
     """``uses_uncopied_step`` once the row count is known to be 2..SMALL_ROWS."""
-    return (uncopied_steps_enabled and (x.dim() < 3 or x.shape[-2] == 1)
-            and _LINEAR_POINTWISE is not None and not torch.is_grad_enabled()
-            and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and not torch.compiler.is_compiling())
+    return (uncopied_steps_enabled and _LINEAR_POINTWISE is not None
+            and _eager_float32_step(x, weight))
 
 
 split_gemv_enabled = True  # module switch: one-row products split across threads
