@@ -1,0 +1,62 @@
+"""Smoke test of benchmarks/gpu.py on the CPU (--tiny): every row is built, timed and written, the
+sides agree on their outputs, and asking for CUDA where there is none is a clear error. No timing
+assertions; on a machine with a GPU the same program is run by hand (docs/performance.md)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "gpu.py"
+
+
+def _run(*arguments):
+    return subprocess.run([sys.executable, str(SCRIPT), *arguments], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_tiny_run_on_the_cpu_writes_every_row(tmp_path):
+    out = tmp_path / "gpu.json"
+    completed = _run("--device", "cpu", "--tiny", "--rounds", "1", "--no-memory", "--out", str(out))
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(out.read_text())
+    pairs = [(row["benchmark"], row["ours"], row["peer"]) for row in result["rows"]]
+    assert pairs == [
+        ("lm train step (bf16 autocast)", "aiayn", "hf"),
+        ("lm train step (bf16 autocast)", "aiayn", "nanogpt"),
+        ("greedy generation (bf16), batch 1", "aiayn", "hf"),
+        ("greedy generation (bf16), batch 8", "aiayn", "hf"),
+        ("encoder inference (bf16)", "aiayn", "hf"),
+    ]
+    for row in result["rows"]:
+        assert row["ours_value"] > 0 and row["peer_value"] > 0
+        assert row["ratio"] == pytest.approx(row["ours_value"] / row["peer_value"])
+    by_name = {row["benchmark"]: row for row in result["rows"]}
+    assert by_name["lm train step (bf16 autocast)"]["ours_mfu"] > 0
+    # The aiayn models hold the peers' weights: the same greedy tokens, the same hidden states up to
+    # bf16 rounding.
+    assert by_name["greedy generation (bf16), batch 1"]["same_tokens"] == 1.0
+    assert by_name["greedy generation (bf16), batch 8"]["same_tokens"] >= 0.9
+    assert by_name["encoder inference (bf16)"]["max_abs_difference"] < 0.1
+    assert result["command"].startswith("python3 benchmarks/gpu.py --device cpu --tiny")
+
+
+@pytest.mark.slow
+def test_memory_subprocess_prints_the_peak_of_one_side():
+    completed = _run("--memory", "aiayn", "--memory-row", "encoder", "--device", "cpu", "--tiny")
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert int(completed.stdout.strip().splitlines()[-1]) > 2 ** 20
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu_is_a_clear_error():
+    completed = _run("--device", "cuda", "--tiny")
+    assert completed.returncode != 0
+    assert "no CUDA device here" in completed.stderr
