@@ -41,6 +41,8 @@ class OutputProjection(nn.Module):
     def forward(self, hidden: Tensor) -> Tensor:
         # Gradient mode first: training (and torch.compile's symbolic shapes) never reach the test.
         if not torch.is_grad_enabled() and hidden.device.type == "cpu":
+            if inference_linear.uses_bf16_packed(hidden, self.weight):  # under CPU bf16 autocast
+                return inference_linear.bf16_packed_linear(hidden, self.weight, self.bias)
             # A decoding step: a transposed copy (1 row) or oneDNN's packed weight (2..64 rows),
             # made once and rebuilt when the weight changes.
             if inference_linear.uses_small_rows(hidden, self.weight):
