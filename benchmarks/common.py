@@ -36,6 +36,25 @@ def setup() -> None:
     torch.manual_seed(0)
 
 
+def cpu_bf16_supported() -> bool:
+    """Whether this CPU runs oneDNN's bf16 kernels natively (AVX512_BF16 / AMX): the suite's bf16
+    autocast rows are measured only there (elsewhere bf16 is emulated and says nothing)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def under_bf16_autocast(call: Callable[[], object]) -> Callable[[], object]:
+    """``call`` run under CPU bf16 autocast (every side of a bf16 row, the peer's too)."""
+
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return call()
+
+    return run
+
+
 def gemm_peak_gflops(n: int = 1024, repeats: int = 15) -> float:
     """Measured fp32 matmul throughput (GFLOP/s) of this machine: the MFU denominator."""
     a, b = torch.randn(n, n), torch.randn(n, n)

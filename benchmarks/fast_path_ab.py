@@ -33,7 +33,10 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
   in bf16);
 - ``greedy-uncopied``, ``beam-uncopied``: ``greedy`` / ``beam`` with the derived weight copies
   switched off (``small_rows_enabled = False``, the memory-lean setting), the steps' products through
-  MKL ("before") and through oneDNN on the weights as they are (``uses_uncopied_step``).
+  MKL ("before") and through oneDNN on the weights as they are (``uses_uncopied_step``);
+- ``encoder-bf16``, ``greedy-bf16``: encoder inference / greedy batch 8 under CPU bf16 autocast
+  (every side), autocast's own products ("before") and the packed bf16 weight copies
+  (``aiayn.inference_linear.bf16_packed_linear``).
 
 ``--baseline pass2`` switches off the fast paths of the decode passes after the first (derived
 weights for few rows, ``aiayn.inference_linear.small_rows_linear``, the packed layer weights and the
@@ -50,6 +53,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
     python3 benchmarks/fast_path_ab.py encoder-residual encoder-residual-padded --rounds 16
     python3 benchmarks/fast_path_ab.py lm-bf16 --rounds 9
     python3 benchmarks/fast_path_ab.py greedy-uncopied beam-uncopied --rounds 9
+    python3 benchmarks/fast_path_ab.py encoder-bf16 greedy-bf16 --rounds 9
 """
 
 from __future__ import annotations
@@ -275,6 +279,31 @@ def bf16_lm_training_variants() -> dict:
     return {"before": before, "after": autocast(sides["aiayn"]), "hf": autocast(sides["hf"])}
 
 
+def _under_bf16_autocast(call):
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return call()
+    return run
+
+
+def bf16_inference_variants(kind: str) -> dict:
+    """Encoder inference / greedy batch 8 under CPU bf16 autocast (every side, HF's too): autocast's
+    own products ("before": ``inference_linear.autocast_bf16_enabled = False``) and the packed bf16
+    weight copies (``inference_linear.bf16_packed_linear``)."""
+    sides = (encoder_inference.build_sides(["aiayn", "hf"]) if kind == "encoder"
+             else generation.build_greedy(["aiayn", "hf"], 8))
+    after = _under_bf16_autocast(sides["aiayn"])
+
+    def before():
+        with switched_off("autocast_bf16_enabled"):
+            return after()
+
+    if kind == "encoder":
+        difference = (after().float() - before().float()).abs().max().item()
+        assert difference < 0.1, f"bf16 encoder paths differ by {difference}"
+    return {"before": before, "after": after, "hf": _under_bf16_autocast(sides["hf"])}
+
+
 def padded_encoder_training_variants() -> dict:
     """Training steps on the padded batch: aiayn with the padding kept ("before", its own model and
     optimizer) and skipped ("after"), and HF's BertModel, all from the same weights."""
@@ -370,7 +399,9 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "encoder-residual-padded": lambda: residual_encoder_variants(padded=True),
             "lm-bf16": bf16_lm_training_variants,
             "greedy-uncopied": lambda: uncopied_variants("greedy"),
-            "beam-uncopied": lambda: uncopied_variants("beam")}
+            "beam-uncopied": lambda: uncopied_variants("beam"),
+            "encoder-bf16": lambda: bf16_inference_variants("encoder"),
+            "greedy-bf16": lambda: bf16_inference_variants("greedy")}
 
 
 def measure(variants: dict, rounds: int) -> dict[str, float]:

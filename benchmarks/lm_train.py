@@ -7,6 +7,9 @@ each side uses its own library's loss path and AdamW implementation (see ``commo
 aiayn its trainer's ``make_optimizer`` (fused AdamW) and ``token_loss`` (chunked projection + loss),
 HF the Trainer's default fused AdamW, nanoGPT the default (foreach) AdamW it uses on CPU.
 
+On CPUs with native bf16 kernels the step of aiayn and of HF GPT-2 is timed again under CPU bf16
+autocast (each side its own model; the "lm train step (bf16)" row).
+
 ``--compile`` adds ``aiayn+compile``, what ``aiayn train --compile`` does (each layer compiled,
 ``aiayn.training.distributed.compile_layers``; the chunked loss eager), and ``aiayn+compile-model``,
 the whole model's call compiled as a user's ``torch.compile(model)`` would (logits, plain loss).
@@ -23,8 +26,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import (aiayn_optimizer, alternate, memory_main, mib, peak_rss_subprocess,
-                    peer_optimizer, setup)
+from common import (aiayn_optimizer, alternate, cpu_bf16_supported, memory_main, mib,
+                    peak_rss_subprocess, peer_optimizer, setup, under_bf16_autocast)
 from peers import NanoGPT, aiayn_from_hf, hf_gpt2, matmul_flops_per_token
 
 from aiayn.tasks.lm import token_loss
@@ -72,7 +75,10 @@ def build_sides(d_model: int, which: list[str], compile_ours: bool = False) -> d
     hf = hf_gpt2(**shapes(d_model)).train()
     sides = {}
     for name in which:
-        if name.startswith("aiayn"):
+        if name in ("aiayn-bf16", "hf-bf16"):  # the same step, its own model, bf16 autocast
+            base = name.removesuffix("-bf16")
+            sides[name] = under_bf16_autocast(build_sides(d_model, [base])[base])
+        elif name.startswith("aiayn"):
             model = aiayn_from_hf(hf).train()
             optimizer = aiayn_optimizer(model)
             if name == "aiayn+compile":  # the trainer's option: layers compiled, chunked loss eager
@@ -94,7 +100,8 @@ def run(d_model: int = 256, *, compile_ours: bool = False, rounds: int = 8,
         memory: bool = True) -> list[dict]:
     setup()
     names = ["aiayn", "hf", "nanogpt"]
-    sides = build_sides(d_model, names)
+    bf16 = ["aiayn-bf16", "hf-bf16"] if cpu_bf16_supported() else []
+    sides = build_sides(d_model, names + bf16)
     compiled = ["aiayn+compile", "aiayn+compile-model"] if compile_ours else []
     compile_s = {}
     for name in compiled:
@@ -112,7 +119,7 @@ def run(d_model: int = 256, *, compile_ours: bool = False, rounds: int = 8,
     for name, seconds in compile_s.items():
         result[name]["compile_s"] = seconds
     if memory:
-        for name in ("aiayn", "hf", "nanogpt"):
+        for name in names + bf16:
             result[name]["peak_rss"] = peak_rss_subprocess("lm_train.py", name,
                                                            ["--d-model", str(d_model)])
     rows = []
@@ -127,6 +134,12 @@ def run(d_model: int = 256, *, compile_ours: bool = False, rounds: int = 8,
                              ours_rss=result[ours].get("peak_rss", result["aiayn"].get("peak_rss")),
                              peer_rss=result[peer].get("peak_rss"),
                              compile_s=result[ours].get("compile_s")))
+    if bf16:  # MFU is against the fp32 peak: not given for the bf16 row
+        rows.append(dict(benchmark="lm train step (bf16)", shape=shape, ours="aiayn", peer="hf",
+                         metric="tokens/s", ours_value=result["aiayn-bf16"]["tokens_per_s"],
+                         peer_value=result["hf-bf16"]["tokens_per_s"],
+                         ours_rss=result["aiayn-bf16"].get("peak_rss"),
+                         peer_rss=result["hf-bf16"].get("peak_rss")))
     return rows
 
 
