@@ -55,7 +55,7 @@ products are bf16: products of two or more rows multiply a oneDNN-packed bf16 co
 copies above, instead of autocast casting every weight again in each forward; one row is
 autocast's own. Measured (AMD EPYC Zen 4 with AVX512_BF16, 2 threads, everything under autocast,
 HF's side too; ``benchmarks/fast_path_ab.py encoder-bf16 greedy-bf16``): all-MiniLM encoder
-inference 1.06-1.08x autocast's own products, greedy generation at batch 8 1.38x.
+inference 1.06-1.12x autocast's own products, greedy generation at batch 8 1.38-1.42x.
 ``autocast_bf16_enabled = False`` turns it off.
 
 Results equal ``linear`` (+ activation) up to summation order (tests/test_fast_paths.py,
