@@ -28,6 +28,8 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
 - ``encoder-residual``, ``encoder-residual-padded``: encoder inference with each residual sum in a
   new tensor ("before") and written into the sub-layer's output (``aiayn.layers.owns_output``);
   outputs identical;
+- ``beam-topk``: the ``beam`` loop selecting each step's candidates with ``torch.topk`` ("before")
+  and through block maxima (``aiayn.decoding.top_k``); tokens identical;
 - ``lm-bf16``: lm_train.py's training step under CPU bf16 autocast (every side, HF's too) with the
   loss's plain logits path ("before", as until the twelfth pass) and the chunked loss (its products
   in bf16);
@@ -50,6 +52,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
     python3 benchmarks/fast_path_ab.py encoder-128-rows seq2seq-128-rows --rounds 20
     python3 benchmarks/fast_path_ab.py greedy1 beam greedy --baseline pass3 --rounds 6
     python3 benchmarks/fast_path_ab.py beam-folded --rounds 20
+    python3 benchmarks/fast_path_ab.py beam-topk --rounds 20
     python3 benchmarks/fast_path_ab.py encoder-residual encoder-residual-padded --rounds 16
     python3 benchmarks/fast_path_ab.py lm-bf16 --rounds 9
     python3 benchmarks/fast_path_ab.py greedy-uncopied beam-uncopied --rounds 9
@@ -76,6 +79,7 @@ from peers import aiayn_from_hf, hf_marian
 from aiayn import inference_linear, layers, onednn_linear, packed_sequences
 from aiayn.attention import folded_cross
 from aiayn.attention.cache import KVCache
+from aiayn.decoding import top_k as top_k_module
 from aiayn.models.heads import OutputProjection
 from aiayn.training import linear_cross_entropy
 
@@ -186,6 +190,20 @@ def folded_beam_variants() -> dict:
             return after()
 
     assert torch.equal(before(), after()), "folded and unfolded beam search disagree"
+    return {"before": before, "after": after, "hf": sides["hf"]}
+
+
+def top_k_beam_variants() -> dict:
+    """generation.py's beam loop selecting its candidates with ``torch.topk`` ("before") and through
+    block maxima (``aiayn.decoding.top_k``); tokens identical."""
+    sides = beam_variants()
+    after = sides["after"]
+
+    def before():
+        with setting(top_k_module, "MIN_LENGTH", 1 << 62):
+            return after()
+
+    assert torch.equal(before(), after()), "block and plain top-k beam search disagree"
     return {"before": before, "after": after, "hf": sides["hf"]}
 
 
@@ -395,6 +413,7 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
                                                        seq2seq_train.build_sides),
             "encoder-128-rows": few_rows_encoder_variants,
             "seq2seq-128-rows": few_rows_training_variants, "beam-folded": folded_beam_variants,
+            "beam-topk": top_k_beam_variants,
             "encoder-residual": lambda: residual_encoder_variants(padded=False),
             "encoder-residual-padded": lambda: residual_encoder_variants(padded=True),
             "lm-bf16": bf16_lm_training_variants,

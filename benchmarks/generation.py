@@ -60,6 +60,7 @@ def beam_loop(model, src: torch.Tensor, beams: int, new_tokens: int, *,
     steps after the first through ``aiayn.decoding.beam.compiled_decoder_step``.
     """
     from aiayn.decoding.beam import compiled_decoder_step, decoder_step
+    from aiayn.decoding.top_k import top_k
 
     step_logits = compiled_decoder_step() if compile else decoder_step
     batch = src.shape[0]
@@ -80,7 +81,7 @@ def beam_loop(model, src: torch.Tensor, beams: int, new_tokens: int, *,
         torch.log_softmax(logits, dim=-1, out=log_probs)  # (B*K, V)
         vocab = log_probs.shape[-1]
         candidates = log_probs.add_(scores.view(-1, 1)).view(batch, beams * vocab)
-        scores, flat = candidates.topk(beams, dim=-1)  # (B, K)
+        scores, flat = top_k(candidates, beams)  # (B, K)
         origin = (flat // vocab + offsets).view(-1)  # (B*K,) rows that survive
         tokens = (flat % vocab).view(-1, 1)
         chosen[step], parents[step] = tokens[:, 0], origin

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from aiayn.decoding.greedy import (Hypothesis, blocked_tokens, compiled_decoder_step, decoder_step,
                                    output_limits)
+from aiayn.decoding.top_k import top_k
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -96,7 +97,7 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
             log_probs[forced] = -torch.inf
             log_probs[forced, eos] = keep_eos[forced]
         candidates = log_probs.view(n, K, vocab).add_(scores.unsqueeze(2))  # (n, K, V), in place
-        top_scores, top_index = candidates.view(n, K * vocab).topk(2 * K, dim=1)  # (n, 2K)
+        top_scores, top_index = top_k(candidates.view(n, K * vocab), 2 * K)  # (n, 2K)
         top_beam = top_index // vocab  # (n, 2K)
         top_token = top_index % vocab  # (n, 2K)
         is_eos = top_token == eos

@@ -27,6 +27,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from aiayn.decoding.top_k import top_k as select_top_k
+
 StepCallback = Callable[[int, Tensor, Tensor], None]
 StopTest = Callable[[int, list[int]], bool]
 
@@ -53,7 +55,7 @@ def filter_logits(logits: Tensor, *, top_k: int | None = None, top_p: float | No
     token is always kept. Both together: top-k first, then the nucleus of what is left.
     """
     if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
+        kth = select_top_k(logits, top_k)[0][..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V) each
