@@ -33,6 +33,9 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
 - ``lm-bf16``: lm_train.py's training step under CPU bf16 autocast (every side, HF's too) with the
   loss's plain logits path ("before", as until the twelfth pass) and the chunked loss (its products
   in bf16);
+- ``lm-scratch``, ``seq2seq-scratch``: a training step of lm_train.py / seq2seq_train.py with the
+  chunked loss's logits in a fresh buffer every chunk ("before") and in its reused buffer
+  (``linear_cross_entropy.logits_scratch``; the float32 MKL path, oneDNN off);
 - ``greedy-uncopied``, ``beam-uncopied``: ``greedy`` / ``beam`` with the derived weight copies
   switched off (``small_rows_enabled = False``, the memory-lean setting), the steps' products through
   MKL ("before") and through oneDNN on the weights as they are (``uses_uncopied_step``);
@@ -55,6 +58,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
     python3 benchmarks/fast_path_ab.py beam-topk --rounds 20
     python3 benchmarks/fast_path_ab.py encoder-residual encoder-residual-padded --rounds 16
     python3 benchmarks/fast_path_ab.py lm-bf16 --rounds 9
+    python3 benchmarks/fast_path_ab.py lm-scratch seq2seq-scratch --rounds 12
     python3 benchmarks/fast_path_ab.py greedy-uncopied beam-uncopied --rounds 9
     python3 benchmarks/fast_path_ab.py encoder-bf16 greedy-bf16 --rounds 9
 """
@@ -417,6 +421,12 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "encoder-residual": lambda: residual_encoder_variants(padded=False),
             "encoder-residual-padded": lambda: residual_encoder_variants(padded=True),
             "lm-bf16": bf16_lm_training_variants,
+            "lm-scratch": lambda: training_variants(
+                "aiayn", "hf", lambda which: lm_train.build_sides(256, which),
+                (linear_cross_entropy, "scratch_enabled", False, True)),
+            "seq2seq-scratch": lambda: training_variants(
+                "aiayn<-marian", "marian", seq2seq_train.build_sides,
+                (linear_cross_entropy, "scratch_enabled", False, True)),
             "greedy-uncopied": lambda: uncopied_variants("greedy"),
             "beam-uncopied": lambda: uncopied_variants("beam"),
             "encoder-bf16": lambda: bf16_inference_variants("encoder"),

@@ -229,3 +229,64 @@ def test_a_model_compiled_in_place_trains_through_its_compiled_call():
     for got, want in zip(compiled, plain):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     assert not runs_uncompiled(torch.compile(CausalLM(TransformerConfig.preset("tiny"))), CausalLM)
+
+
+@pytest.fixture
+def mkl_logits(monkeypatch):
+    """The float32 MKL path, where the logits go into the reused buffer (oneDNN's has no out=)."""
+    from aiayn import onednn_linear
+
+    monkeypatch.setattr(onednn_linear, "enabled", False)
+
+
+weight_param = torch.nn.Parameter(_inputs(rows=37)[1].clone())  # the matrix whose buffer is reused
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_reused_logits_buffer_gives_the_fresh_buffers_results(mkl_logits, monkeypatch, with_bias):
+    hidden, weight, bias, targets = _inputs(rows=37)
+    results = []
+    for reuse in (False, True, True):  # the second reuse runs on the buffer the first one left
+        monkeypatch.setattr(lce, "scratch_enabled", reuse)
+        leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+        if reuse:
+            leaves[1] = weight_param
+        loss = linear_cross_entropy(leaves[0], leaves[1], targets,
+                                    bias=leaves[2] if with_bias else None, smoothing=0.1, chunk=8)
+        loss.backward()
+        results.append((loss.detach(), leaves[0].grad.clone(), leaves[1].grad.clone()))
+        leaves[1].grad = None
+    for got in results[1:]:
+        for value, expected in zip(got, results[0]):
+            assert torch.equal(value, expected)
+
+
+def test_the_buffer_is_kept_per_matrix_and_goes_with_it(mkl_logits):
+    import gc
+
+    hidden, weight, _, targets = _inputs(rows=20)
+    weight = torch.nn.Parameter(weight)
+    linear_cross_entropy(hidden, weight, targets, chunk=8).backward()
+    buffer = lce.logits_scratch.held(weight)
+    assert buffer is not None and buffer.numel() == 8 * weight.shape[0]  # one chunk's (C, V)
+    linear_cross_entropy(hidden, weight, targets, chunk=8).backward()
+    assert lce.logits_scratch.held(weight).data_ptr() == buffer.data_ptr()  # reused
+    linear_cross_entropy(hidden, weight, targets, chunk=16).backward()  # larger chunks: a new one
+    assert lce.logits_scratch.held(weight).numel() == 16 * weight.shape[0]
+    gc.collect()  # other tests' matrices left in reference cycles go first
+    count = len(lce.logits_scratch)
+    del weight
+    gc.collect()
+    assert len(lce.logits_scratch) == count - 1
+
+
+def test_a_call_while_the_buffer_is_taken_gets_its_own():
+    weight = torch.randn(50, 12)
+    scratch = lce.LogitsScratch()
+    first = scratch.take(weight, 8)
+    scratch.give_back(weight, first)
+    taken = scratch.take(weight, 8)
+    assert taken.data_ptr() == first.data_ptr()
+    nested = scratch.take(weight, 8)  # e.g. a loss computed inside another on another thread
+    assert nested.data_ptr() != taken.data_ptr() and scratch.held(weight) is None
+    assert scratch.take(torch.randn(50, 12, dtype=torch.float64), 4).dtype == torch.float64

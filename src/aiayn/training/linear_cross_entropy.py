@@ -22,6 +22,8 @@ Legend: N rows (targets), D model width, V vocabulary, C chunk rows.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -30,6 +32,64 @@ from aiayn.training.loss import (label_smoothed_cross_entropy, smoothed_nll_of_r
                                  subtract_smoothed_targets)
 
 DEFAULT_CHUNK = 1024  # rows per chunk: (1024, 8192) float32 logits = 32 MiB; big enough for GEMM speed
+
+
+class LogitsScratch:
+    """One reusable chunk-logits buffer per projection matrix, kept while the matrix lives.
+
+    A chunk's (1024, 8192) float32 logits are 32 MiB, glibc's largest mmap threshold: a fresh buffer
+    every chunk is a fresh mapping whose first write faults in every page (7.6 ms to fill against
+    0.9 ms reused, docs/performance.md, fourteenth pass), every training step. The float32 MKL path
+    writes its logits into this buffer instead (``torch.addmm(..., out=)``). Measured (AMD EPYC Zen 4
+    without AVX-512, 2 threads, ``python3 benchmarks/fast_path_ab.py seq2seq-scratch lm-scratch``):
+    minor page faults a step 12-15k -> ~7k (enc-dec) and 17-18.5k -> 0-2.3k (LM), the enc-dec step
+    1.023x / 1.032x, the LM step 0.993x / 1.010x (two runs each). A call takes the buffer
+    out while it works, so a nested or concurrent call with the same matrix makes its own; an entry
+    goes when its matrix is garbage collected, or with ``clear()``.
+    """
+
+    def __init__(self):
+        self._buffers: dict[int, tuple[weakref.ref, Tensor]] = {}
+
+    def take(self, weight: Tensor, rows: int) -> Tensor:
+        """A (rows, V) buffer of ``weight``'s dtype and device (V = weight rows)."""
+        entry = self._buffers.pop(id(weight), None)
+        size = rows * weight.shape[0]
+        if (entry is not None and entry[0]() is weight and entry[1].numel() >= size
+                and entry[1].dtype == weight.dtype and entry[1].device == weight.device):
+            return entry[1][:size].view(rows, weight.shape[0])
+        return torch.empty(rows, weight.shape[0], dtype=weight.dtype, device=weight.device)
+
+    def give_back(self, weight: Tensor, buffer: Tensor) -> None:
+        key = id(weight)
+        ref = weakref.ref(weight, lambda _, key=key: self._buffers.pop(key, None))
+        self._buffers[key] = (ref, buffer.view(-1))
+
+    def held(self, weight: Tensor) -> Tensor | None:
+        """The flat buffer kept for ``weight``, if any."""
+        entry = self._buffers.get(id(weight))
+        return entry[1] if entry is not None and entry[0]() is weight else None
+
+    def clear(self) -> None:
+        self._buffers.clear()
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+
+logits_scratch = LogitsScratch()
+scratch_enabled = True  # module switch (A/B benchmarks turn it off)
+
+
+def reuses_scratch(h: Tensor, weight: Tensor) -> bool:
+    """Whether a chunk's float32 logits go into ``logits_scratch``: switched on, eager, plain CPU
+    tensors (a GPU's caching allocator reuses memory already; a tensor subclass such as FSDP's
+    DTensor cannot be written into a plain buffer)."""
+    return (scratch_enabled and weight.device.type == "cpu" and type(h) in _PLAIN
+            and type(weight) in _PLAIN and not torch.compiler.is_compiling())
+
+
+_PLAIN = (Tensor, torch.nn.Parameter)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -47,6 +107,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if low is not None:
             weight_low = weight.to(low)  # (V, D)
             bias_low = None if bias is None else bias.to(low)
+        scratch = None
         for begin in range(0, rows, chunk):
             h = hidden[begin: begin + chunk]  # (C, D)
             y = targets[begin: begin + chunk]  # (C,)
@@ -57,6 +118,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
                           else torch.addmm(bias_low, h, weight_low.t()))  # (C, V)
             elif on_onednn:
                 logits = onednn_linear.matmul_transposed(h, weight, bias)  # (C, V)
+            elif reuses_scratch(h, weight):
+                if scratch is None:  # one buffer for every chunk of the call (the first is the largest)
+                    scratch = logits_scratch.take(weight, min(chunk, rows))
+                logits = scratch[: h.shape[0]]  # (C, V)
+                if bias is None:
+                    torch.mm(h, weight.t(), out=logits)
+                else:
+                    torch.addmm(bias, h, weight.t(), out=logits)
             else:
                 logits = (torch.mm(h, weight.t()) if bias is None
                           else torch.addmm(bias, h, weight.t()))  # (C, V)
@@ -96,6 +165,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_weight.addmm_(grad.t(), h)  # (V, D) += (V, C) @ (C, D): MKL (faster here)
             if grad_bias is not None:
                 grad_bias += grad.sum(dim=0)
+        if scratch is not None:
+            logits_scratch.give_back(weight, scratch)
         if need_grad:
             ctx.save_for_backward(grad_hidden, grad_weight,
                                   grad_bias if grad_bias is not None else grad_weight.new_empty(0))
