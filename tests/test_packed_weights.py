@@ -9,11 +9,14 @@
 - greedy generation and beam search give the same tokens with the path switched off;
 - where no copy is made (copies switched off, inference tensors), steps of 2..64 rows go through
   oneDNN on the weight as it is (``uses_uncopied_step``), equal to ``F.linear`` (+ activation), and
-  only there; the output projection from 16 rows; decoding gives the same tokens that way;
+  only there; the output projection from 16 rows; decoding gives the same tokens that way (on by
+  default only where PyTorch runs AVX-512 kernels; switched on here for every CPU);
 - entries go away with their weight; autograd and float64 never take the path.
 """
 import contextlib
 import gc
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -30,6 +33,21 @@ needs_onednn = pytest.mark.skipif(inference_linear._REORDER is None,
                                   reason="no oneDNN packed linear here")
 needs_pointwise = pytest.mark.skipif(inference_linear._LINEAR_POINTWISE is None,
                                      reason="no oneDNN linear here")
+
+
+@pytest.fixture(autouse=True)
+def uncopied_steps_on(monkeypatch):
+    """The uncopied oneDNN steps on, as on AVX-512 CPUs, so their tests run on any CPU."""
+    monkeypatch.setattr(inference_linear, "uncopied_steps_enabled", True)
+
+
+def test_uncopied_steps_default_follows_the_cpu():
+    # a fresh interpreter: this module's fixture has switched the path on here
+    code = ("from aiayn import inference_linear, onednn_linear; "
+            "print(inference_linear.uncopied_steps_enabled, onednn_linear.prefers_onednn())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    default, prefers = result.stdout.split()
+    assert default == prefers
 
 
 @contextlib.contextmanager

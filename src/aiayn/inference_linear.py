@@ -31,8 +31,10 @@ as it is (``uses_uncopied_step``): oneDNN reads the (O, I) matrix in place where
 all of it on every call. Measured (2 threads, cold weights, the 16 products of a 4-layer decoder
 step, MKL / oneDNN): d256 1.16-1.55x, d512 1.25-1.70x at 2..64 rows; whole generations with the
 copies switched off 1.06-1.19x (greedy batch 8, beam search of 4 x 4: ``benchmarks/fast_path_ab.py
-greedy-uncopied beam-uncopied``). The vocabulary-sized output projection takes it from 16 rows
-(``OutputProjection``; below, its vocabulary-major product is faster).
+greedy-uncopied beam-uncopied``), all on a Zen 4 with AVX-512; where PyTorch runs AVX2 kernels
+MKL was faster (the same whole generations 0.967-0.971x), so there it is off by default. The
+vocabulary-sized output projection takes it from 16 rows (``OutputProjection``; below, its
+vocabulary-major product is faster).
 
 At one row with 2+ threads every product (layers and output projection) is ``split_gemv`` instead:
 MKL runs a lone GEMV on one thread, so the weight, unchanged and uncopied, is multiplied as P
@@ -246,7 +248,11 @@ def _eager_float32_step(x: Tensor, weight: Tensor) -> bool:
             and weight.dtype == torch.float32 and not torch.compiler.is_compiling())
 
 
-uncopied_steps_enabled = True  # module switch: oneDNN on the weight as it is where no copy is made
+# Module switch: oneDNN on the weight as it is where no copy is made. On by default where oneDNN's
+# large products are (PyTorch running AVX-512 kernels, onednn_linear.prefers_onednn): on a Zen 4
+# with AVX-512 hidden (AVX2 kernels) MKL's GEMM was faster for these steps too (whole generations
+# without copies, greedy batch 8 / beam search, MKL / oneDNN: 1.030 / 1.034).
+uncopied_steps_enabled = onednn_linear.prefers_onednn()
 
 
 def uses_uncopied_step(x: Tensor, weight: Tensor) -> bool:
