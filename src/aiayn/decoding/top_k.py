@@ -1,16 +1,14 @@
 """The k largest entries of long rows: the selection step of beam search and top-k sampling.
 
-``torch.topk`` on CPU selects over every entry of a row, about 5-13 ns an entry: 170-190 us a step for
-the (4, 4 x 8192) candidates of a 4-beam search over 8192 words (AMD EPYC, 2 threads), as long as the
-decoder's other per-step work of that size. When k is small against the row, there is a cheaper
-exact way. Cut the row into blocks; the k largest entries lie in the k blocks with the largest
-maxima, since an entry of any other block is beaten by those k maxima, each in a block of its own.
-So ``top_k`` takes every block's maximum (one vectorised pass over the row), ranks those maxima, and
-selects among the k * BLOCK entries of the chosen blocks (and the row's tail past the last whole
-block). Measured (AMD EPYC Zen 4 without AVX-512, 2 threads): the (4, 4 x 8192) candidates above 72-86
-us instead of 120-190; a 4-beam step over 58101 words (Marian's opus-mt vocabularies), (4, 232404)
-with 2K = 8, 185 us instead of 839. Whole beam searches of 4 sources (d256, 3 + 3 layers,
-``python3 benchmarks/fast_path_ab.py beam-topk`` at V 8192, a scratch run at larger V): 0.996-1.017x
+``torch.topk`` on CPU selects over every entry of a row: 120-190 us a step for the (4, 4 x 8192)
+candidates of a 4-beam search over 8192 words, 839 us over Marian's 58101 (AMD EPYC, 2 threads). When
+k is small against the row there is a cheaper exact way. Cut the row into blocks; the k largest
+entries lie in the k blocks with the largest maxima, since an entry of any other block is beaten by
+those k maxima, each in a block of its own. So ``top_k`` takes every block's maximum (one vectorised
+pass over the row), ranks those maxima, and selects among the k * BLOCK entries of the chosen blocks
+and the row's tail past the last whole block. Measured (Zen 4 without AVX-512, 2 threads): the two
+rows above in 72-86 us and 185 us; whole beam searches of 4 sources (d256, 3 + 3 layers;
+``python3 benchmarks/fast_path_ab.py beam-topk`` at V 8192, a scratch run at larger V) 0.996-1.017x
 at V 8192, 1.09-1.11x at V 32000, 1.08-1.10x at V 58101.
 
 The values are exactly ``torch.topk``'s, largest first; so are the indices, except among equal values,
