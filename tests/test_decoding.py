@@ -179,3 +179,34 @@ def test_compiled_beam_and_greedy_search_give_the_eager_hypotheses_without_graph
         assert not counters["graph_break"], dict(counters["graph_break"])
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_an_unpadded_batch_decodes_without_a_cross_attention_mask(search, monkeypatch):
+    """Without padding the search passes no memory mask to the decoder; the hypotheses and scores
+    equal those of the same sentences decoded beside a padded one (where the mask is needed)."""
+    model, rows = make_model(), make_sources(count=12)
+    rows = [row[:4] for row in rows if len(row) >= 4][:3]  # equal lengths: no padding
+    assert len(rows) == 3
+    masks_seen = []
+    decode = model.decode
+    def recording_decode(*args, memory_padding_mask=None, **kwargs):
+        masks_seen.append(memory_padding_mask)
+        return decode(*args, memory_padding_mask=memory_padding_mask, **kwargs)
+
+    monkeypatch.setattr(model, "decode", recording_decode)
+
+    def run(batch_rows):
+        source, mask = pad(batch_rows)
+        if search == "greedy":
+            return greedy_search(model, source, mask, max_extra=6)
+        return beam_search(model, source, mask, beam_size=3, max_extra=6)
+
+    alone = run(rows)
+    assert masks_seen and all(mask is None for mask in masks_seen)
+    masks_seen.clear()
+    beside_padded = run(rows + [rows[0][:2]])[:len(rows)]
+    assert all(mask is not None for mask in masks_seen)
+    assert [h.tokens for h in alone] == [h.tokens for h in beside_padded]
+    torch.testing.assert_close(torch.tensor([h.score for h in alone]),
+                               torch.tensor([h.score for h in beside_padded]), rtol=1e-5, atol=1e-5)

@@ -60,7 +60,9 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
                                model_max_length=config.max_length)
     steps = int(limits_all.max())
     memory = model.encode(source, source_mask)  # (B, S, D)
-    mask = source_mask  # (B, S)
+    # Without padding the cross-attention needs no mask: each step then skips masking its scores in
+    # every layer.
+    mask = None if bool(source_mask.all()) else source_mask  # (B, S)
     # The K beams of a sentence share its memory: the cache keeps its cross-attention keys/values
     # once per sentence (no repeat, no reorder when beams swap).
     cache = model.new_cache(batch * K, steps + 1, rows_per_memory=K)
@@ -140,7 +142,7 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
             rows = rows.view(n, K)[keep].view(-1)
             scores, new_tokens = scores[keep], new_tokens[keep]
             alive = [alive[row] for row in keep_sentences]
-            mask = mask[keep]  # (n', S)
+            mask = None if mask is None else mask[keep]  # (n', S)
             cache.select_sources(keep)
         cache.reorder(rows, cross=False)  # self-attention only: cross keys/values are per sentence
         history = torch.cat([history[rows], new_tokens.view(-1, 1)], dim=1)  # (n'*K, t+1)

@@ -81,7 +81,7 @@ def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
     results: list[list[int]] = [[] for _ in range(batch)]
     scores = [0.0] * batch
     blocked = blocked_tokens(model)
-    mask = source_mask
+    mask = None if bool(source_mask.all()) else source_mask  # no padding: no cross-attention mask
     first = True
     step_logits = compiled_decoder_step() if compile else decoder_step
     for step in range(steps):
@@ -110,6 +110,7 @@ def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
         if bool(finished.any()):
             keep = (~finished).nonzero().squeeze(1)  # (B_alive',)
             cache.reorder(keep)
-            alive, mask, next_tokens = alive[keep], mask[keep], next_tokens[keep]
+            alive, next_tokens = alive[keep], next_tokens[keep]
+            mask = None if mask is None else mask[keep]
         tokens = next_tokens.unsqueeze(1)  # (B_alive, 1)
     return [Hypothesis(results[i], scores[i]) for i in range(batch)]
