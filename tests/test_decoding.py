@@ -190,6 +190,7 @@ def test_an_unpadded_batch_decodes_without_a_cross_attention_mask(search, monkey
     assert len(rows) == 3
     masks_seen = []
     decode = model.decode
+
     def recording_decode(*args, memory_padding_mask=None, **kwargs):
         masks_seen.append(memory_padding_mask)
         return decode(*args, memory_padding_mask=memory_padding_mask, **kwargs)

@@ -68,11 +68,12 @@ def applies(x: Tensor, weight: Tensor) -> bool:
     return (enabled and x.numel() >= MIN_ROWS * x.shape[-1]
             and x.device.type == "cpu" and x.dtype == torch.float32
             and weight.dtype == torch.float32
-            and type(x) in _PLAIN and type(weight) in _PLAIN
+            and type(x) in PLAIN_TYPES and type(weight) in PLAIN_TYPES
             and not torch.is_autocast_enabled("cpu"))
 
 
-_PLAIN = (Tensor, torch.nn.Parameter)
+# Plain tensors: a subclass (FSDP's DTensor, a fake or functional tensor) keeps the plain path.
+PLAIN_TYPES = (Tensor, torch.nn.Parameter)
 
 
 # The oneDNN products as custom operators: ``torch.compile`` then calls them as opaque kernels (its

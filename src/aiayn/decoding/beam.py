@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from aiayn.decoding.greedy import (Hypothesis, blocked_tokens, compiled_decoder_step, decoder_step,
-                                   output_limits)
+from aiayn.decoding.greedy import (Hypothesis, blocked_tokens, compiled_decoder_step,
+                                   cross_attention_mask, decoder_step, output_limits)
 from aiayn.decoding.top_k import top_k
 
 
@@ -60,9 +60,7 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
                                model_max_length=config.max_length)
     steps = int(limits_all.max())
     memory = model.encode(source, source_mask)  # (B, S, D)
-    # Without padding the cross-attention needs no mask: each step then skips masking its scores in
-    # every layer.
-    mask = None if bool(source_mask.all()) else source_mask  # (B, S)
+    mask = cross_attention_mask(source_mask)  # (B, S) or None
     # The K beams of a sentence share its memory: the cache keeps its cross-attention keys/values
     # once per sentence (no repeat, no reorder when beams swap).
     cache = model.new_cache(batch * K, steps + 1, rows_per_memory=K)

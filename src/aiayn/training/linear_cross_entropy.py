@@ -85,11 +85,9 @@ def reuses_scratch(h: Tensor, weight: Tensor) -> bool:
     """Whether a chunk's float32 logits go into ``logits_scratch``: switched on, eager, plain CPU
     tensors (a GPU's caching allocator reuses memory already; a tensor subclass such as FSDP's
     DTensor cannot be written into a plain buffer)."""
-    return (scratch_enabled and weight.device.type == "cpu" and type(h) in _PLAIN
-            and type(weight) in _PLAIN and not torch.compiler.is_compiling())
-
-
-_PLAIN = (Tensor, torch.nn.Parameter)
+    plain = onednn_linear.PLAIN_TYPES
+    return (scratch_enabled and weight.device.type == "cpu" and type(h) in plain
+            and type(weight) in plain and not torch.compiler.is_compiling())
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
