@@ -290,3 +290,24 @@ def test_a_call_while_the_buffer_is_taken_gets_its_own():
     nested = scratch.take(weight, 8)  # e.g. a loss computed inside another on another thread
     assert nested.data_ptr() != taken.data_ptr() and scratch.held(weight) is None
     assert scratch.take(torch.randn(50, 12, dtype=torch.float64), 4).dtype == torch.float64
+
+
+@pytest.mark.parametrize("block", [7, 16, 50, 64])  # a partial last block, exact blocks, one block
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_logits_projected_in_vocabulary_blocks_equal_the_plain_path(mkl_logits, monkeypatch, block,
+                                                                   with_bias):
+    monkeypatch.setattr(lce, "VOCAB_BLOCK", block)
+    hidden, weight, bias, targets = _inputs(rows=37, vocab=50)
+    plain = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    fused = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    expected = label_smoothed_cross_entropy(
+        F.linear(plain[0], plain[1], plain[2] if with_bias else None), targets, smoothing=0.1)
+    expected.backward()
+    got = linear_cross_entropy(fused[0], fused[1], targets, bias=fused[2] if with_bias else None,
+                               smoothing=0.1, chunk=8)
+    got.backward()
+    assert lce.reuses_scratch(fused[0], fused[1])  # the blocked path is the one that ran
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+    for leaf, reference in zip(fused, plain):
+        if leaf.grad is not None:
+            torch.testing.assert_close(leaf.grad, reference.grad, rtol=1e-5, atol=1e-6)
