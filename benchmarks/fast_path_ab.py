@@ -36,6 +36,12 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
 - ``lm-scratch``, ``seq2seq-scratch``: a training step of lm_train.py / seq2seq_train.py with the
   chunked loss's logits in a fresh buffer every chunk ("before") and in its reused buffer
   (``linear_cross_entropy.logits_scratch``; the float32 MKL path, oneDNN off);
+- ``lm-vocab-blocks``, ``seq2seq-vocab-blocks``: the same steps with each chunk's logits projected
+  in one product ("before") and in vocabulary blocks of ``linear_cross_entropy.VOCAB_BLOCK`` rows
+  (the float32 MKL path, oneDNN off);
+- ``lm-gemm-attention``, ``seq2seq-gemm-attention``: the training steps of lm_train.py (vs HF) and
+  seq2seq_train.py (vs torch.nn) with attention through ``F.scaled_dot_product_attention`` ("before")
+  and through batched products (``aiayn.attention.gemm_attention``);
 - ``greedy-uncopied``, ``beam-uncopied``: ``greedy`` / ``beam`` with the derived weight copies
   switched off (``small_rows_enabled = False``, the memory-lean setting), the steps' products through
   MKL ("before") and through oneDNN on the weights as they are (``uses_uncopied_step``);
@@ -59,6 +65,8 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
     python3 benchmarks/fast_path_ab.py encoder-residual encoder-residual-padded --rounds 16
     python3 benchmarks/fast_path_ab.py lm-bf16 --rounds 9
     python3 benchmarks/fast_path_ab.py lm-scratch seq2seq-scratch --rounds 12
+    python3 benchmarks/fast_path_ab.py lm-vocab-blocks seq2seq-vocab-blocks --rounds 12
+    python3 benchmarks/fast_path_ab.py lm-gemm-attention seq2seq-gemm-attention --rounds 12
     python3 benchmarks/fast_path_ab.py greedy-uncopied beam-uncopied --rounds 9
     python3 benchmarks/fast_path_ab.py encoder-bf16 greedy-bf16 --rounds 9
 """
@@ -81,7 +89,7 @@ import seq2seq_train
 from peers import aiayn_from_hf, hf_marian
 
 from aiayn import inference_linear, layers, onednn_linear, packed_sequences
-from aiayn.attention import folded_cross
+from aiayn.attention import folded_cross, gemm_attention
 from aiayn.attention.cache import KVCache
 from aiayn.decoding import top_k as top_k_module
 from aiayn.models.heads import OutputProjection
@@ -136,6 +144,7 @@ def setting(module, name: str, value):
 
 
 ROWS_BEFORE = 256  # onednn_linear.MIN_ROWS until the ninth pass
+WHOLE_VOCABULARY = 1 << 40  # a vocabulary block larger than any vocabulary: one product a chunk
 
 
 @torch.inference_mode()
@@ -428,6 +437,20 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "seq2seq-scratch": lambda: training_variants(
                 "aiayn<-marian", "marian", seq2seq_train.build_sides,
                 (linear_cross_entropy, "scratch_enabled", False, True)),
+            "lm-vocab-blocks": lambda: training_variants(
+                "aiayn", "hf", lambda which: lm_train.build_sides(256, which),
+                (linear_cross_entropy, "VOCAB_BLOCK", WHOLE_VOCABULARY,
+                 linear_cross_entropy.VOCAB_BLOCK)),
+            "seq2seq-vocab-blocks": lambda: training_variants(
+                "aiayn<-marian", "marian", seq2seq_train.build_sides,
+                (linear_cross_entropy, "VOCAB_BLOCK", WHOLE_VOCABULARY,
+                 linear_cross_entropy.VOCAB_BLOCK)),
+            "lm-gemm-attention": lambda: training_variants(
+                "aiayn", "hf", lambda which: lm_train.build_sides(256, which),
+                (gemm_attention, "enabled", False, True)),
+            "seq2seq-gemm-attention": lambda: training_variants(
+                "aiayn<-torch.nn", "torch.nn", seq2seq_train.build_sides,
+                (gemm_attention, "enabled", False, True)),
             "greedy-uncopied": lambda: uncopied_variants("greedy"),
             "beam-uncopied": lambda: uncopied_variants("beam"),
             "encoder-bf16": lambda: bf16_inference_variants("encoder"),

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.attention import gemm_attention
 from aiayn.attention.cache import KVCache
 from aiayn.masks import causal_mask
 
@@ -101,9 +102,13 @@ class FusedAttention(AttentionKernel):
                 causal: bool = False, dropout: float = 0.0) -> Tensor:
         query_length, key_length = q.shape[-2], k.shape[-2]
         if causal and mask is None and query_length == key_length:
+            if gemm_attention.applies(q, k, v, dropout):
+                return gemm_attention.attention(q, k, v, causal=True)
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         allowed = combine_masks(mask, causal, query_length, key_length, q.device)
         if allowed is None:
+            if gemm_attention.applies(q, k, v, dropout):
+                return gemm_attention.attention(q, k, v)
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
         # SDPA returns NaN for a row with no allowed key on some versions and backends: open such rows
         # to every key, then zero their output (and so their gradient).

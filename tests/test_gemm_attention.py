@@ -1,0 +1,161 @@
+"""Attention through batched products (aiayn.attention.gemm_attention) against eq. 1 written out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn import TransformerConfig
+from aiayn.attention import gemm_attention
+from aiayn.attention.kernels import FusedAttention, ReferenceAttention
+from aiayn.models import CausalLM, Transformer
+
+
+def _qkv(batch=2, heads=3, queries=11, keys=11, width=8, dtype=torch.float64, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, queries, width, generator=generator, dtype=dtype)
+    k = torch.randn(batch, heads, keys, width, generator=generator, dtype=dtype)
+    v = torch.randn(batch, heads, keys, width, generator=generator, dtype=dtype)
+    return [t.requires_grad_() for t in (q, k, v)]
+
+
+def _output_and_grads(attend, inputs, upstream):
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out = attend(*leaves)
+    out.backward(upstream)
+    return out.detach(), [leaf.grad for leaf in leaves]
+
+
+# Queries 11 with blocks of 4: three blocks, the last partial; 8: two exact blocks; 3: one block.
+@pytest.mark.parametrize("queries", [3, 8, 11])
+@pytest.mark.parametrize("causal", [False, True])
+def test_output_and_gradients_equal_the_reference(monkeypatch, queries, causal):
+    monkeypatch.setattr(gemm_attention, "BLOCK", 4)
+    inputs = _qkv(queries=queries, keys=queries if causal else 5)
+    upstream = torch.randn(inputs[0].shape, dtype=inputs[0].dtype)
+    got = _output_and_grads(lambda q, k, v: gemm_attention.attention(q, k, v, causal=causal),
+                            inputs, upstream)
+    want = _output_and_grads(lambda q, k, v: ReferenceAttention()(q, k, v, causal=causal),
+                             inputs, upstream)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-12)
+    for grad, expected in zip(got[1], want[1]):
+        torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_strided_views_of_a_fused_projection_give_the_same_results(monkeypatch):
+    """q, k, v as the model makes them: views into one (B, T, 3, H, Dh) projection."""
+    monkeypatch.setattr(gemm_attention, "BLOCK", 4)
+    qkv = torch.randn(2, 10, 3, 3, 8, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(2, 3, 10, 8, dtype=torch.float64)
+    grads = []
+    for attend in (gemm_attention.attention, ReferenceAttention()):
+        qkv.grad = None
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        out = attend(q, k, v, causal=True)
+        out.backward(upstream)
+        grads.append((out.detach(), qkv.grad.clone()))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-10, atol=1e-12)
+
+
+def test_a_future_key_or_value_changes_nothing_before_it(monkeypatch):
+    monkeypatch.setattr(gemm_attention, "BLOCK", 4)
+    q, k, v = (t.detach() for t in _qkv(queries=10, keys=10))
+    before = gemm_attention.attention(q, k, v, causal=True)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 6:] += 5.0
+    v2[:, :, 6:] -= 3.0
+    after = gemm_attention.attention(q, k2, v2, causal=True)
+    assert torch.equal(before[:, :, :6], after[:, :, :6])
+    assert not torch.allclose(before[:, :, 6:], after[:, :, 6:])
+
+
+@pytest.fixture
+def small_calls(monkeypatch):
+    """The test shapes are far below MIN_SCORES: let them through."""
+    monkeypatch.setattr(gemm_attention, "MIN_SCORES", 1)
+
+
+def test_applies_only_to_float32_cpu_training_without_dropout_or_too_many_keys(monkeypatch):
+    q, k, v = _qkv(dtype=torch.float32)
+    assert not gemm_attention.applies(q, k, v, 0.0)  # 2 x 3 x 11 x 11 scores: too small a call
+    monkeypatch.setattr(gemm_attention, "MIN_SCORES", 2 * 3 * 11 * 11)
+    assert gemm_attention.applies(q, k, v, 0.0)
+    assert not gemm_attention.applies(q, k, v, 0.1)  # dropout on the weights: the fused kernel's
+    assert not gemm_attention.applies(*_qkv(), 0.0)  # float64
+    with torch.no_grad():  # inference: nothing to keep P for
+        assert not gemm_attention.applies(q, k, v, 0.0)
+    assert not gemm_attention.applies(*(t.detach() for t in (q, k, v)), 0.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not gemm_attention.applies(q, k, v, 0.0)
+    long_k, long_v = (torch.randn(2, 3, gemm_attention.MAX_KEYS + 1, 8) for _ in range(2))
+    assert not gemm_attention.applies(q, long_k, long_v, 0.0)
+    monkeypatch.setattr(gemm_attention, "enabled", False)
+    assert not gemm_attention.applies(q, k, v, 0.0)
+
+
+@pytest.mark.parametrize("shapes, causal, message", [
+    (((2, 3, 5, 8), (2, 3, 6, 8), (2, 3, 6, 8)), True, "as many queries as keys"),
+    (((2, 3, 5, 8), (2, 3, 6, 4), (2, 3, 6, 4)), False, r"expected q \(B, H, T, Dh\)"),
+    (((2, 3, 5, 8), (2, 3, 6, 8), (2, 3, 7, 8)), False, r"expected q \(B, H, T, Dh\)"),
+    (((3, 5, 8), (3, 6, 8), (3, 6, 8)), False, r"expected q \(B, H, T, Dh\)"),
+])
+def test_bad_shapes_name_the_problem(shapes, causal, message):
+    q, k, v = (torch.randn(shape) for shape in shapes)
+    with pytest.raises(ValueError, match=message):
+        gemm_attention.attention(q, k, v, causal=causal)
+
+
+def test_the_fused_kernel_uses_it_in_training_only(small_calls, monkeypatch):
+    calls = []
+    real = gemm_attention.attention
+    monkeypatch.setattr(gemm_attention, "attention",
+                        lambda *args, **kwargs: calls.append(kwargs) or real(*args, **kwargs))
+    q, k, v = _qkv(dtype=torch.float32)
+    kernel = FusedAttention()
+    kernel(q, k, v, causal=True)
+    kernel(q, k[:, :, :7], v[:, :, :7])  # cross-attention shapes, no mask
+    assert calls == [{"causal": True}, {}]
+    with torch.no_grad():
+        kernel(q, k, v, causal=True)
+    kernel(q, k, v, mask=torch.ones(11, 11, dtype=torch.bool))  # a mask: the fused kernel
+    assert len(calls) == 2
+
+
+def _step_gradients(model, run):
+    model.zero_grad(set_to_none=True)
+    loss = run(model)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()
+                           if p.grad is not None}
+
+
+@pytest.mark.parametrize("kind", ["lm", "translation"])
+def test_a_training_step_equals_the_one_through_the_fused_kernel(small_calls, monkeypatch, kind):
+    torch.manual_seed(0)
+    config = TransformerConfig.preset("tiny")
+    tokens = torch.randint(3, config.vocab_size, (2, 9))
+    if kind == "lm":
+        model = CausalLM(config).train()
+        run = lambda m: m(tokens).logsumexp(-1).mean()  # noqa: E731
+    else:
+        model = Transformer(config).train()
+        source = torch.randint(3, config.vocab_size, (2, 7))
+        run = lambda m: m(source, tokens).logsumexp(-1).mean()  # noqa: E731
+    monkeypatch.setattr(gemm_attention, "BLOCK", 4)
+    calls = []
+    real = gemm_attention.attention
+    monkeypatch.setattr(gemm_attention, "attention",
+                        lambda *args, **kwargs: calls.append(kwargs) or real(*args, **kwargs))
+    results = []
+    for enabled in (False, True):
+        monkeypatch.setattr(gemm_attention, "enabled", enabled)
+        results.append(_step_gradients(model, run))
+    # Every layer's self-attention (and cross-attention) went through it, and only when enabled.
+    layers = (config.n_decoder_layers if kind == "lm"
+              else config.n_encoder_layers + 2 * config.n_decoder_layers)
+    assert len(calls) == layers
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    assert results[1][1].keys() == results[0][1].keys()
+    for name, grad in results[1][1].items():
+        torch.testing.assert_close(grad, results[0][1][name], rtol=1e-4, atol=1e-6)
