@@ -94,6 +94,19 @@ def test_applies_only_to_float32_cpu_training_without_dropout_or_too_many_keys(m
     assert not gemm_attention.applies(q, k, v, 0.0)
 
 
+def test_functorch_transforms_keep_the_fused_kernel(small_calls):
+    """``torch.func.grad`` through the fused kernel works as before (the autograd.Function has no
+    functorch rules) and gives the reference gradient."""
+    q, k, v = (t.detach().float() for t in _qkv())
+
+    def loss(query, kernel):
+        return kernel(query, k, v, causal=True).square().sum()
+
+    got = torch.func.grad(loss)(q, FusedAttention())
+    want = torch.func.grad(loss)(q, ReferenceAttention())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("shapes, causal, message", [
     (((2, 3, 5, 8), (2, 3, 6, 8), (2, 3, 6, 8)), True, "as many queries as keys"),
     (((2, 3, 5, 8), (2, 3, 6, 4), (2, 3, 6, 4)), False, r"expected q \(B, H, T, Dh\)"),

@@ -39,15 +39,24 @@ _softmax_into = torch.ops.aten._softmax.out
 
 
 def applies(q: Tensor, k: Tensor, v: Tensor, dropout: float) -> bool:
-    """Whether ``attention`` should replace the fused kernel: switched on, eager, a gradient to
-    compute, float32 CPU tensors, no dropout, at most ``MAX_KEYS`` keys and ``MIN_SCORES`` or more
+    """Whether ``attention`` should replace the fused kernel: switched on, eager (no torch.compile
+    trace, no ``torch.func`` transform), a gradient to compute, plain float32 CPU tensors (not a
+    subclass such as a DTensor), no dropout, at most ``MAX_KEYS`` keys and at least ``MIN_SCORES``
     scores."""
     scores = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
     return (enabled and dropout == 0.0 and torch.is_grad_enabled() and scores >= MIN_SCORES
             and (q.requires_grad or k.requires_grad or v.requires_grad)
+            and all(type(t) is Tensor for t in (q, k, v))
             and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
             and k.shape[-2] <= MAX_KEYS and not torch.compiler.is_compiling()
-            and not torch.is_autocast_enabled("cpu"))
+            and not torch.is_autocast_enabled("cpu") and not _functorch_transform_active())
+
+
+def _functorch_transform_active() -> bool:
+    """Inside ``torch.func.grad`` / ``vmap`` / ...: the autograd.Function below has no rules for
+    them (its forward writes in place), so the fused kernel stays."""
+    level = getattr(torch._C._functorch, "maybe_current_level", None)
+    return level is not None and level() is not None
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
