@@ -107,6 +107,14 @@ def test_functorch_transforms_keep_the_fused_kernel(small_calls):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_a_bad_mask_names_the_problem():
+    q, k, v = (t.detach() for t in _qkv(queries=5, keys=6))
+    with pytest.raises(ValueError, match="boolean mask broadcastable"):
+        gemm_attention.attention(q, k, v, mask=torch.ones(2, 1, 1, 6))  # float
+    with pytest.raises(ValueError, match="boolean mask broadcastable"):
+        gemm_attention.attention(q, k, v, mask=torch.ones(2, 1, 1, 7, dtype=torch.bool))
+
+
 @pytest.mark.parametrize("shapes, causal, message", [
     (((2, 3, 5, 8), (2, 3, 6, 8), (2, 3, 6, 8)), True, "as many queries as keys"),
     (((2, 3, 5, 8), (2, 3, 6, 4), (2, 3, 6, 4)), False, r"expected q \(B, H, T, Dh\)"),
@@ -128,11 +136,66 @@ def test_the_fused_kernel_uses_it_in_training_only(small_calls, monkeypatch):
     kernel = FusedAttention()
     kernel(q, k, v, causal=True)
     kernel(q, k[:, :, :7], v[:, :, :7])  # cross-attention shapes, no mask
-    assert calls == [{"causal": True}, {}]
+    assert calls == [{"causal": True, "mask": None}, {"causal": False, "mask": None}]
     with torch.no_grad():
         kernel(q, k, v, causal=True)
-    kernel(q, k, v, mask=torch.ones(11, 11, dtype=torch.bool))  # a mask: the fused kernel
     assert len(calls) == 2
+    kernel(q, k, v, dropout=0.1)  # dropout on the weights: SDPA's
+    assert len(calls) == 2
+    padding = torch.ones(2, 1, 1, 11, dtype=torch.bool)
+    kernel(q, k, v, mask=padding, causal=True)
+    kernel(q[:, :, -3:], k, v, causal=True)  # 3 queries at the end: right-aligned causal as a mask
+    assert calls[2]["causal"] and calls[2]["mask"] is padding
+    assert not calls[3]["causal"] and calls[3]["mask"].shape == (3, 11)
+
+
+def _padding(lengths, keys, *, left=False):
+    positions = torch.arange(keys)
+    rows = [(positions >= keys - n) if left else (positions < n) for n in lengths]
+    return torch.stack(rows)[:, None, None, :]  # (B, 1, 1, S)
+
+
+@pytest.mark.parametrize("case", ["keys padded", "left padded causal", "full mask", "2-d mask",
+                                  "a row with no key"])
+def test_masked_output_and_gradients_equal_the_reference(monkeypatch, case):
+    monkeypatch.setattr(gemm_attention, "BLOCK", 4)
+    causal = case in ("left padded causal", "2-d mask")
+    queries, keys = (11, 11) if causal else (7, 11)
+    inputs = _qkv(queries=queries, keys=keys)
+    if case == "keys padded":
+        mask = _padding([11, 6], keys)
+    elif case == "left padded causal":  # queries before the first real key see nothing at all
+        mask = _padding([11, 5], keys, left=True)
+    elif case == "full mask":
+        mask = torch.rand(2, 3, queries, keys, generator=torch.Generator().manual_seed(1)) < 0.6
+    elif case == "2-d mask":
+        mask = torch.rand(queries, keys, generator=torch.Generator().manual_seed(2)) < 0.7
+    else:
+        mask = _padding([11, 6], keys).expand(2, 1, queries, keys).clone()
+        mask[1, 0, 3] = False  # query 3 of the second sequence: no key
+    upstream = torch.randn(inputs[0].shape, dtype=inputs[0].dtype)
+    got = _output_and_grads(
+        lambda q, k, v: gemm_attention.attention(q, k, v, causal=causal, mask=mask), inputs, upstream)
+    want = _output_and_grads(
+        lambda q, k, v: ReferenceAttention()(q, k, v, mask=mask, causal=causal), inputs, upstream)
+    assert torch.isfinite(got[0]).all()
+    torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-12)
+    for grad, expected in zip(got[1], want[1]):
+        torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+    if case == "a row with no key":
+        assert not got[0][1, :, 3].any() and not got[1][0][1, :, 3].any()
+
+
+def test_padded_keys_and_values_change_nothing(monkeypatch):
+    monkeypatch.setattr(gemm_attention, "BLOCK", 4)
+    q, k, v = (t.detach() for t in _qkv(queries=9, keys=9))
+    mask = _padding([9, 5], 9)
+    before = gemm_attention.attention(q, k, v, causal=True, mask=mask)
+    k2, v2 = k.clone(), v.clone()
+    k2[1, :, 5:] = 1e3
+    v2[1, :, 5:] = -1e3
+    after = gemm_attention.attention(q, k2, v2, causal=True, mask=mask)
+    assert torch.equal(before[:, :, :5], after[:, :, :5]) and torch.equal(before[0], after[0])
 
 
 def _step_gradients(model, run):

@@ -9,15 +9,16 @@ is then four batched products and two element-wise passes (with dO the gradient 
 PyTorch's CPU flash kernel recomputes P in its backward and runs its small blocks at ~50 GFLOP/s,
 where MKL's batched products of these shapes run at 110-145 (AMD EPYC Zen 4 without AVX-512, 2
 threads). Causal attention goes by blocks of ``BLOCK`` queries, each against the keys up to its last
-query only, so the products skip most of the masked half. Measured forward + backward against
-``F.scaled_dot_product_attention`` (same machine, alternating, medians): (B, H, T, Dh) = (8, 4, 256,
-64) causal 1.13-1.27x, (8, 4, 128, 64) causal 1.24x, (4, 8, 512, 64) causal 1.67x, (16, 4, 64, 64)
-causal 1.18x, not causal 1.02x; see docs/performance.md, sixteenth pass.
+query only, so the products skip most of the masked half. A boolean mask (padding) is applied to
+the scores before the softmax. Measured forward + backward against ``F.scaled_dot_product_attention``
+(same machine, alternating, medians): (B, H, T, Dh) = (8, 4, 256, 64) causal 1.18-1.22x, (8, 4,
+128, 64) causal 1.09x, (4, 8, 512, 64) causal 1.47-1.66x, (16, 4, 64, 64) causal 0.93-1.03x, not
+causal 1.10-1.13x; see docs/performance.md, sixteenth pass.
 
 The price is memory: P is (B, H, T, S) floats held from forward to backward (flash keeps O(T)), so
-``applies`` limits the keys to ``MAX_KEYS``; and a fixed cost a call, so small calls (one sequence of
-a packed batch) keep the fused kernel (``MIN_SCORES``). Inference keeps the fused kernel (its forward alone is
-as fast or faster, and nothing is kept), so does dropout on the weights and any mask but causal.
+``applies`` limits the keys to ``MAX_KEYS``; and a fixed cost a call, so small calls (one sequence
+of a packed batch) keep the fused kernel (``MIN_SCORES``). Inference keeps the fused kernel (its
+forward alone is as fast or faster, and nothing is kept), so does dropout on the weights.
 
 Legend: B batch, H heads, T queries, S keys, Dh head width; ``BH`` = B * H.
 """
@@ -59,10 +60,13 @@ def _functorch_transform_active() -> bool:
     return level is not None and level() is not None
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+              mask: Tensor | None = None) -> Tensor:
     """softmax(q k^T / sqrt(Dh)) v for q (B, H, T, Dh), k and v (B, H, S, Dh) -> (B, H, T, Dh).
 
-    ``causal``: query t attends to keys 0..t (T == S). No mask, no dropout (see ``applies``).
+    ``causal``: query t attends to keys 0..t (T == S). ``mask``: boolean, True = may attend,
+    broadcastable to (B, H, T, S) (aiayn.masks; with ``causal`` both apply); a query with no key to
+    attend to returns zeros, as every kernel's does. No dropout (see ``applies``).
     """
     if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
         raise ValueError(f"expected q (B, H, T, Dh) and k, v (B, H, S, Dh), got {tuple(q.shape)}, "
@@ -70,7 +74,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tenso
     if causal and q.shape[2] != k.shape[2]:
         raise ValueError(f"causal attention needs as many queries as keys, got {q.shape[2]} and "
                          f"{k.shape[2]}")
-    return _GemmAttention.apply(q, k, v, causal)
+    if mask is not None:
+        full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        if (mask.dtype != torch.bool or mask.dim() > 4
+                or any(m not in (1, n) for m, n in zip(reversed(mask.shape), reversed(full)))):
+            raise ValueError(f"expected a boolean mask broadcastable to (B, H, T, S) = {full}, got "
+                             f"{mask.dtype} {tuple(mask.shape)}")
+        mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B|1, H|1, T|1, S|1)
+    return _GemmAttention.apply(q, k, v, causal, mask)
 
 
 def _query_blocks(queries: int, causal: bool) -> list[tuple[int, int]]:
@@ -81,7 +92,7 @@ def _query_blocks(queries: int, causal: bool) -> list[tuple[int, int]]:
 
 class _GemmAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, mask: Tensor | None) -> Tensor:
         batch, heads, queries, width = q.shape
         keys = k.shape[2]
         scale = width ** -0.5
@@ -98,7 +109,15 @@ class _GemmAttention(torch.autograd.Function):
                 future = torch.ones(end - start, end - start, dtype=torch.bool,
                                     device=q.device).triu_(1)
                 p[:, :, start:].masked_fill_(future, float("-inf"))
+            if mask is not None:
+                allowed = mask if mask.shape[2] == 1 else mask[:, :, start:end]
+                allowed = allowed if allowed.shape[3] == 1 else allowed[..., :seen]
+                p.view(batch, heads, end - start, seen).masked_fill_(~allowed, float("-inf"))
+                # A query with no key left (all masked, causally or not) would get NaN: zero it.
+                no_key = p.amax(dim=-1, keepdim=True) == float("-inf")  # (BH, n, 1)
             _softmax_into(p, -1, False, out=p)
+            if mask is not None:
+                p.masked_fill_(no_key, 0.0)
             if len(blocks) == 1:
                 torch.bmm(p, v3[:, :seen], out=out)
             else:
@@ -133,4 +152,4 @@ class _GemmAttention(torch.autograd.Function):
                 grad_k[:, :seen] += torch.bmm(grad_s.transpose(1, 2), scaled_q[:, start:end])
             grad_q[:, start:end] = torch.bmm(grad_s, k3[:, :seen])
         grad_q.mul_(ctx.scale)
-        return grad_q.view(q_shape), grad_k.view(k_shape), grad_v.view(k_shape), None
+        return grad_q.view(q_shape), grad_k.view(k_shape), grad_v.view(k_shape), None, None

@@ -101,14 +101,14 @@ class FusedAttention(AttentionKernel):
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0) -> Tensor:
         query_length, key_length = q.shape[-2], k.shape[-2]
+        if gemm_attention.applies(q, k, v, dropout) and (mask is None or mask.dtype == torch.bool):
+            if causal and query_length != key_length:  # right-aligned: one mask with the padding
+                mask, causal = combine_masks(mask, True, query_length, key_length, q.device), False
+            return gemm_attention.attention(q, k, v, causal=causal, mask=mask)
         if causal and mask is None and query_length == key_length:
-            if gemm_attention.applies(q, k, v, dropout):
-                return gemm_attention.attention(q, k, v, causal=True)
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         allowed = combine_masks(mask, causal, query_length, key_length, q.device)
         if allowed is None:
-            if gemm_attention.applies(q, k, v, dropout):
-                return gemm_attention.attention(q, k, v)
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
         # SDPA returns NaN for a row with no allowed key on some versions and backends: open such rows
         # to every key, then zero their output (and so their gradient).
