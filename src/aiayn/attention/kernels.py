@@ -94,7 +94,9 @@ class ReferenceAttention(AttentionKernel):
 
 
 class FusedAttention(AttentionKernel):
-    """``F.scaled_dot_product_attention``: flash / memory-efficient kernels where PyTorch has them."""
+    """``F.scaled_dot_product_attention``: flash / memory-efficient kernels where PyTorch has them;
+    in CPU training where ``gemm_attention.applies``, batched products that keep the probabilities
+    for the backward (faster than the CPU flash kernel at these sizes)."""
 
     exact_softmax = True
 
