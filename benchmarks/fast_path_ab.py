@@ -396,6 +396,23 @@ def training_variants(ours: str, peer: str, build,
     return {"before": before, "after": after, "hf": sides[peer]}
 
 
+# (module, name, before, after) switches of the training fast paths compared by the variants below.
+SCRATCH = (linear_cross_entropy, "scratch_enabled", False, True)
+VOCAB_BLOCKS = (linear_cross_entropy, "VOCAB_BLOCK", WHOLE_VOCABULARY, linear_cross_entropy.VOCAB_BLOCK)
+GEMM_ATTENTION = (gemm_attention, "enabled", False, True)
+
+
+def lm_training_variants(switch) -> dict:
+    """lm_train.py's step (d 256) with ``switch`` each way, and HF GPT-2's."""
+    return training_variants("aiayn", "hf", lambda which: lm_train.build_sides(256, which), switch)
+
+
+def seq2seq_training_variants(switch, *, peer: str = "marian") -> dict:
+    """seq2seq_train.py's step with ``switch`` each way (the model built from ``peer``'s weights),
+    and the peer's."""
+    return training_variants(f"aiayn<-{peer}", peer, seq2seq_train.build_sides, switch)
+
+
 def few_rows_encoder_variants() -> dict:
     with setting(encoder_inference, "BATCH", 1):  # one sequence of 128 tokens: 128 rows a product
         sides = encoder_inference.build_sides(["aiayn", "hf"])
@@ -431,26 +448,13 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "encoder-residual": lambda: residual_encoder_variants(padded=False),
             "encoder-residual-padded": lambda: residual_encoder_variants(padded=True),
             "lm-bf16": bf16_lm_training_variants,
-            "lm-scratch": lambda: training_variants(
-                "aiayn", "hf", lambda which: lm_train.build_sides(256, which),
-                (linear_cross_entropy, "scratch_enabled", False, True)),
-            "seq2seq-scratch": lambda: training_variants(
-                "aiayn<-marian", "marian", seq2seq_train.build_sides,
-                (linear_cross_entropy, "scratch_enabled", False, True)),
-            "lm-vocab-blocks": lambda: training_variants(
-                "aiayn", "hf", lambda which: lm_train.build_sides(256, which),
-                (linear_cross_entropy, "VOCAB_BLOCK", WHOLE_VOCABULARY,
-                 linear_cross_entropy.VOCAB_BLOCK)),
-            "seq2seq-vocab-blocks": lambda: training_variants(
-                "aiayn<-marian", "marian", seq2seq_train.build_sides,
-                (linear_cross_entropy, "VOCAB_BLOCK", WHOLE_VOCABULARY,
-                 linear_cross_entropy.VOCAB_BLOCK)),
-            "lm-gemm-attention": lambda: training_variants(
-                "aiayn", "hf", lambda which: lm_train.build_sides(256, which),
-                (gemm_attention, "enabled", False, True)),
-            "seq2seq-gemm-attention": lambda: training_variants(
-                "aiayn<-torch.nn", "torch.nn", seq2seq_train.build_sides,
-                (gemm_attention, "enabled", False, True)),
+            "lm-scratch": lambda: lm_training_variants(SCRATCH),
+            "seq2seq-scratch": lambda: seq2seq_training_variants(SCRATCH),
+            "lm-vocab-blocks": lambda: lm_training_variants(VOCAB_BLOCKS),
+            "seq2seq-vocab-blocks": lambda: seq2seq_training_variants(VOCAB_BLOCKS),
+            "lm-gemm-attention": lambda: lm_training_variants(GEMM_ATTENTION),
+            "seq2seq-gemm-attention": lambda: seq2seq_training_variants(GEMM_ATTENTION,
+                                                                        peer="torch.nn"),
             "greedy-uncopied": lambda: uncopied_variants("greedy"),
             "beam-uncopied": lambda: uncopied_variants("beam"),
             "encoder-bf16": lambda: bf16_inference_variants("encoder"),

@@ -10,6 +10,8 @@ from aiayn.attention import gemm_attention
 from aiayn.attention.kernels import FusedAttention, ReferenceAttention
 from aiayn.models import CausalLM, Transformer
 
+from training_helpers import step_gradients
+
 
 def _qkv(batch=2, heads=3, queries=11, keys=11, width=8, dtype=torch.float64, seed=0):
     generator = torch.Generator().manual_seed(seed)
@@ -198,14 +200,6 @@ def test_padded_keys_and_values_change_nothing(monkeypatch):
     assert torch.equal(before[:, :, :5], after[:, :, :5]) and torch.equal(before[0], after[0])
 
 
-def _step_gradients(model, run):
-    model.zero_grad(set_to_none=True)
-    loss = run(model)
-    loss.backward()
-    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()
-                           if p.grad is not None}
-
-
 @pytest.mark.parametrize("kind", ["lm", "translation"])
 def test_a_training_step_equals_the_one_through_the_fused_kernel(small_calls, monkeypatch, kind):
     torch.manual_seed(0)
@@ -226,7 +220,7 @@ def test_a_training_step_equals_the_one_through_the_fused_kernel(small_calls, mo
     results = []
     for enabled in (False, True):
         monkeypatch.setattr(gemm_attention, "enabled", enabled)
-        results.append(_step_gradients(model, run))
+        results.append(step_gradients(model, run))
     # Every layer's self-attention (and cross-attention) went through it, and only when enabled.
     layers = (config.n_decoder_layers if kind == "lm"
               else config.n_encoder_layers + 2 * config.n_decoder_layers)

@@ -23,6 +23,8 @@ from aiayn.tasks.lm import token_loss
 from aiayn.tasks.translation import translation_loss
 from aiayn.training.linear_cross_entropy import linear_cross_entropy
 
+from training_helpers import step_gradients
+
 pytestmark = pytest.mark.skipif(onednn_linear.LINEAR_POINTWISE is None, reason="no oneDNN linear here")
 
 ROWS = onednn_linear.MIN_ROWS
@@ -163,14 +165,6 @@ def test_chunked_loss_equal_on_and_off(monkeypatch, bias):
         torch.testing.assert_close(a, b_, rtol=1e-5, atol=1e-4)
 
 
-def _train_step(model, loss_of):
-    model.zero_grad(set_to_none=True)
-    loss = loss_of(model)
-    loss.backward()
-    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()
-                           if p.grad is not None}
-
-
 @pytest.mark.parametrize("family", ["seq2seq", "lm", "classifier"])
 def test_training_step_equal_on_and_off(monkeypatch, family):
     torch.manual_seed(0)
@@ -190,10 +184,10 @@ def test_training_step_equal_on_and_off(monkeypatch, family):
     real = onednn_linear.linear
     monkeypatch.setattr(onednn_linear, "linear", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(onednn_linear, "enabled", True)
-    fast = _train_step(model, loss_of)
+    fast = step_gradients(model, loss_of)
     assert calls, "the oneDNN path was not taken"
     monkeypatch.setattr(onednn_linear, "enabled", False)
-    plain = _train_step(model, loss_of)
+    plain = step_gradients(model, loss_of)
     torch.testing.assert_close(fast[0], plain[0], rtol=1e-5, atol=1e-5)
     assert fast[1].keys() == plain[1].keys()
     for name in plain[1]:
