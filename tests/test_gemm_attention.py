@@ -74,14 +74,18 @@ def test_a_future_key_or_value_changes_nothing_before_it(monkeypatch):
 
 @pytest.fixture
 def small_calls(monkeypatch):
-    """The test shapes are far below MIN_SCORES: let them through."""
+    """The test shapes are far below MIN_SCORES and MIN_KEYS_UNMASKED: let them through."""
     monkeypatch.setattr(gemm_attention, "MIN_SCORES", 1)
+    monkeypatch.setattr(gemm_attention, "MIN_KEYS_UNMASKED", 1)
 
 
 def test_applies_only_to_float32_cpu_training_without_dropout_or_too_many_keys(monkeypatch):
     q, k, v = _qkv(dtype=torch.float32)
     assert not gemm_attention.applies(q, k, v, 0.0)  # 2 x 3 x 11 x 11 scores: too small a call
     monkeypatch.setattr(gemm_attention, "MIN_SCORES", 2 * 3 * 11 * 11)
+    assert not gemm_attention.applies(q, k, v, 0.0)  # 11 keys, no mask: SDPA's unmasked kernel
+    assert gemm_attention.applies(q, k, v, 0.0, masked=True)
+    monkeypatch.setattr(gemm_attention, "MIN_KEYS_UNMASKED", 11)
     assert gemm_attention.applies(q, k, v, 0.0)
     assert not gemm_attention.applies(q, k, v, 0.1)  # dropout on the weights: the fused kernel's
     assert not gemm_attention.applies(*_qkv(), 0.0)  # float64

@@ -17,8 +17,9 @@ the scores before the softmax. Measured forward + backward against ``F.scaled_do
 
 The price is memory: P is (B, H, T, S) floats held from forward to backward (flash keeps O(T)), so
 ``applies`` limits the keys to ``MAX_KEYS``; and a fixed cost a call, so small calls (one sequence
-of a packed batch) keep the fused kernel (``MIN_SCORES``). Inference keeps the fused kernel (its
-forward alone is as fast or faster, and nothing is kept), so does dropout on the weights.
+of a packed batch) keep the fused kernel (``MIN_SCORES``), and so do unmasked calls over few keys
+(``MIN_KEYS_UNMASKED``). Inference keeps the fused kernel (its forward alone is as fast or faster,
+and nothing is kept), so does dropout on the weights.
 
 Legend: B batch, H heads, T queries, S keys, Dh head width; ``BH`` = B * H.
 """
@@ -36,16 +37,22 @@ MAX_KEYS = 512  # P (B, H, T, S) floats kept for the backward: 8 MiB at B 8, H 4
 # batch, (2, 4, 64, 64)), 1.01-1.06x at 131,072 ((2, 4, 128, 128)), 1.34-1.49x at 131,072 as
 # (8, 4, 64, 64).
 MIN_SCORES = 1 << 17
+# Without a mask, below this many keys SDPA's unmasked flash kernel is as fast in whole steps: the
+# enc-dec benchmark's step (64 keys) ran 0.976-0.987x through this module built from Marian, 0.987-
+# 1.034x from torch.nn. With a mask SDPA's masked path is the slow one: the padded translation step
+# gained 1.018-1.032x, all of it from the masked calls (its unmasked ones through here too: 0.999x).
+MIN_KEYS_UNMASKED = 128
 _softmax_into = torch.ops.aten._softmax.out
 
 
-def applies(q: Tensor, k: Tensor, v: Tensor, dropout: float) -> bool:
+def applies(q: Tensor, k: Tensor, v: Tensor, dropout: float, *, masked: bool = False) -> bool:
     """Whether ``attention`` should replace the fused kernel: switched on, eager (no torch.compile
     trace, no ``torch.func`` transform), a gradient to compute, plain float32 CPU tensors (not a
-    subclass such as a DTensor), no dropout, at most ``MAX_KEYS`` keys and at least ``MIN_SCORES``
-    scores."""
+    subclass such as a DTensor), no dropout, at most ``MAX_KEYS`` keys, at least ``MIN_SCORES``
+    scores, and ``masked`` (a mask besides the causal flag) or ``MIN_KEYS_UNMASKED`` keys."""
     scores = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
     return (enabled and dropout == 0.0 and torch.is_grad_enabled() and scores >= MIN_SCORES
+            and (masked or k.shape[-2] >= MIN_KEYS_UNMASKED)
             and (q.requires_grad or k.requires_grad or v.requires_grad)
             and all(type(t) is Tensor for t in (q, k, v))
             and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32

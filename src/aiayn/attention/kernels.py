@@ -103,7 +103,8 @@ class FusedAttention(AttentionKernel):
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0) -> Tensor:
         query_length, key_length = q.shape[-2], k.shape[-2]
-        if gemm_attention.applies(q, k, v, dropout) and (mask is None or mask.dtype == torch.bool):
+        if (gemm_attention.applies(q, k, v, dropout, masked=mask is not None)
+                and (mask is None or mask.dtype == torch.bool)):
             if causal and query_length != key_length:  # right-aligned: one mask with the padding
                 mask, causal = combine_masks(mask, True, query_length, key_length, q.device), False
             return gemm_attention.attention(q, k, v, causal=causal, mask=mask)
