@@ -50,13 +50,14 @@ def applies(q: Tensor, k: Tensor, v: Tensor, dropout: float, *, masked: bool = F
     trace, no ``torch.func`` transform), a gradient to compute, plain float32 CPU tensors (not a
     subclass such as a DTensor), no dropout, at most ``MAX_KEYS`` keys, at least ``MIN_SCORES``
     scores, and ``masked`` (a mask besides the causal flag) or ``MIN_KEYS_UNMASKED`` keys."""
-    scores = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
+    keys = k.shape[-2]
+    scores = q.shape[0] * q.shape[1] * q.shape[2] * keys
     return (enabled and dropout == 0.0 and torch.is_grad_enabled() and scores >= MIN_SCORES
-            and (masked or k.shape[-2] >= MIN_KEYS_UNMASKED)
+            and (masked or keys >= MIN_KEYS_UNMASKED) and keys <= MAX_KEYS
             and (q.requires_grad or k.requires_grad or v.requires_grad)
             and all(type(t) is Tensor for t in (q, k, v))
             and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
-            and k.shape[-2] <= MAX_KEYS and not torch.compiler.is_compiling()
+            and not torch.compiler.is_compiling()
             and not torch.is_autocast_enabled("cpu") and not _functorch_transform_active())
 
 
@@ -109,14 +110,15 @@ class _GemmAttention(torch.autograd.Function):
         v3 = v.reshape(batch * heads, keys, width)
         out = torch.empty_like(scaled_q)  # (BH, T, Dh)
         blocks = _query_blocks(queries, causal)
+        if causal:  # a block's own diagonal square: query i sees key j <= i (sliced for a short last)
+            size = blocks[0][1]
+            future = torch.ones(size, size, dtype=torch.bool, device=q.device).triu_(1)
         probabilities = []
         for start, end in blocks:
             seen = end if causal else keys  # keys a causal block can see: 0 .. its last query
             p = torch.bmm(scaled_q[:, start:end], k3[:, :seen].transpose(1, 2))  # (BH, n, seen)
-            if causal:  # the block's own diagonal square: query i sees key j <= i
-                future = torch.ones(end - start, end - start, dtype=torch.bool,
-                                    device=q.device).triu_(1)
-                p[:, :, start:].masked_fill_(future, float("-inf"))
+            if causal:
+                p[:, :, start:].masked_fill_(future[: end - start, : end - start], float("-inf"))
             if mask is not None:
                 allowed = mask if mask.shape[2] == 1 else mask[:, :, start:end]
                 allowed = allowed if allowed.shape[3] == 1 else allowed[..., :seen]
