@@ -453,6 +453,8 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "lm-vocab-blocks": lambda: lm_training_variants(VOCAB_BLOCKS),
             "seq2seq-vocab-blocks": lambda: seq2seq_training_variants(VOCAB_BLOCKS),
             "lm-gemm-attention": lambda: lm_training_variants(GEMM_ATTENTION),
+            "lm-compile-gemm-attention": lambda: training_variants(
+                "aiayn+compile", "hf", lambda which: lm_train.build_sides(256, which), GEMM_ATTENTION),
             "seq2seq-gemm-attention": lambda: seq2seq_training_variants(GEMM_ATTENTION,
                                                                         peer="torch.nn"),
             "greedy-uncopied": lambda: uncopied_variants("greedy"),

@@ -233,3 +233,40 @@ def test_a_training_step_equals_the_one_through_the_fused_kernel(small_calls, mo
     assert results[1][1].keys() == results[0][1].keys()
     for name, grad in results[1][1].items():
         torch.testing.assert_close(grad, results[0][1][name], rtol=1e-4, atol=1e-6)
+
+
+def test_a_compiled_layer_runs_it_between_its_graphs(small_calls, monkeypatch):
+    """Under ``torch.compile`` the call is a graph break (the products run eagerly between the
+    compiled graphs); the compiled step equals the eager one. aot_eager: Dynamo's capture and AOT
+    autograd without C++ code generation, so the test stays short."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    config = TransformerConfig.preset("tiny", dropout=0.0, attention_dropout=0.0,
+                                      activation_dropout=0.0)
+    eager = CausalLM(config).train()
+    compiled = CausalLM(config).train()
+    compiled.load_state_dict(eager.state_dict())
+    layer = compiled.decoder.layers[0]
+    layer.compile(backend="aot_eager")
+    calls = []
+    real = gemm_attention.attention_between_graphs
+    monkeypatch.setattr(gemm_attention, "attention_between_graphs", torch.compiler.disable(
+        lambda *args, **kwargs: calls.append(kwargs) or real(*args, **kwargs)))
+    tokens = torch.randint(3, config.vocab_size, (2, 9))
+    run = lambda m: m(tokens).logsumexp(-1).mean()  # noqa: E731
+    torch._dynamo.reset()
+    counters.clear()
+    want, got = step_gradients(eager, run), step_gradients(compiled, run)
+    assert calls == [{"causal": True, "mask": None}]  # the compiled layer's self-attention
+    breaks = list(counters["graph_break"])  # distinct reasons (Dynamo counts its restarts too)
+    assert len(breaks) == 1 and "torch.compiler.disable" in breaks[0]
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    for name, grad in got[1].items():
+        torch.testing.assert_close(grad, want[1][name], rtol=1e-4, atol=1e-6)
+    # Switched off (or in inference, on a GPU, ...) the fused kernel is traced: no graph break.
+    monkeypatch.setattr(gemm_attention, "enabled", False)
+    torch._dynamo.reset()
+    counters.clear()
+    step_gradients(compiled, run)
+    assert len(calls) == 1 and not counters["graph_break"]

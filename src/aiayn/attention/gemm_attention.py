@@ -46,10 +46,11 @@ _softmax_into = torch.ops.aten._softmax.out
 
 
 def applies(q: Tensor, k: Tensor, v: Tensor, dropout: float, *, masked: bool = False) -> bool:
-    """Whether ``attention`` should replace the fused kernel: switched on, eager (no torch.compile
-    trace, no ``torch.func`` transform), a gradient to compute, plain float32 CPU tensors (not a
-    subclass such as a DTensor), no dropout, at most ``MAX_KEYS`` keys, at least ``MIN_SCORES``
-    scores, and ``masked`` (a mask besides the causal flag) or ``MIN_KEYS_UNMASKED`` keys."""
+    """Whether ``attention`` should replace the fused kernel: switched on, no ``torch.func``
+    transform, a gradient to compute, plain float32 CPU tensors (not a subclass such as a DTensor),
+    no dropout, at most ``MAX_KEYS`` keys, at least ``MIN_SCORES`` scores, and ``masked`` (a mask
+    besides the causal flag) or ``MIN_KEYS_UNMASKED`` keys. Inside a ``torch.compile`` trace the
+    call goes through ``attention_between_graphs``."""
     keys = k.shape[-2]
     scores = q.shape[0] * q.shape[1] * q.shape[2] * keys
     return (enabled and dropout == 0.0 and torch.is_grad_enabled() and scores >= MIN_SCORES
@@ -57,7 +58,6 @@ def applies(q: Tensor, k: Tensor, v: Tensor, dropout: float, *, masked: bool = F
             and (q.requires_grad or k.requires_grad or v.requires_grad)
             and all(type(t) is Tensor for t in (q, k, v))
             and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
-            and not torch.compiler.is_compiling()
             and not torch.is_autocast_enabled("cpu") and not _functorch_transform_active())
 
 
@@ -90,6 +90,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                              f"{mask.dtype} {tuple(mask.shape)}")
         mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B|1, H|1, T|1, S|1)
     return _GemmAttention.apply(q, k, v, causal, mask)
+
+
+# Inside a torch.compile trace: a graph break, so the compiled graphs on either side keep their fusions
+# and this runs eagerly between them (traced into the graph, the products compiled no faster and the
+# first step took 3.5x as long; see docs/performance.md).
+attention_between_graphs = torch.compiler.disable(attention)
 
 
 def _query_blocks(queries: int, causal: bool) -> list[tuple[int, int]]:

@@ -107,6 +107,8 @@ class FusedAttention(AttentionKernel):
                 and (mask is None or mask.dtype == torch.bool)):
             if causal and query_length != key_length:  # right-aligned: one mask with the padding
                 mask, causal = combine_masks(mask, True, query_length, key_length, q.device), False
+            if torch.compiler.is_compiling():
+                return gemm_attention.attention_between_graphs(q, k, v, causal=causal, mask=mask)
             return gemm_attention.attention(q, k, v, causal=causal, mask=mask)
         if causal and mask is None and query_length == key_length:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)

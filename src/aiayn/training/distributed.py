@@ -121,8 +121,10 @@ def compile_layers(module: nn.Module) -> int:
     linear_cross_entropy``), which never builds the (N, V) logits. Measured (``python3
     benchmarks/run_all.py --compile``, AMD EPYC Zen 4, 2 threads, medians of three runs): the
     compiled whole model 1.12x HF GPT-2's training step, the compiled layers 1.29x (the eager step
-    1.31x). Identical layers share compiled code: the benchmark's 4 layers make 2 graphs, no graph
-    break, and the first step takes ~3 s.
+    1.31x). Identical layers share compiled code. In float32 CPU training the attention runs between
+    two graphs of a layer (``aiayn.attention.gemm_attention.attention_between_graphs``, one graph
+    break a layer): 1.016-1.066x the step with SDPA traced into one graph, at the same compile time
+    (15-16 s for the first two steps of the benchmark's model with an empty inductor cache).
     """
     from aiayn.stacks import Encoder
 
