@@ -42,6 +42,10 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
 - ``lm-gemm-attention``, ``seq2seq-gemm-attention``: the training steps of lm_train.py (vs HF) and
   seq2seq_train.py (vs torch.nn) with attention through ``F.scaled_dot_product_attention`` ("before")
   and through batched products (``aiayn.attention.gemm_attention``);
+- ``lm-compile-gemm-attention``: lm_train.py's ``aiayn+compile`` step (layers compiled) with the
+  attention traced into the graphs as SDPA ("before") and through batched products between them;
+- ``lm-sigmoid-gelu``: lm_train.py's step with GPT-2's GELU through ``F.gelu(approximate="tanh")``
+  ("before") and through the sigmoid (``aiayn.sigmoid_gelu``);
 - ``greedy-uncopied``, ``beam-uncopied``: ``greedy`` / ``beam`` with the derived weight copies
   switched off (``small_rows_enabled = False``, the memory-lean setting), the steps' products through
   MKL ("before") and through oneDNN on the weights as they are (``uses_uncopied_step``);
@@ -67,6 +71,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
     python3 benchmarks/fast_path_ab.py lm-scratch seq2seq-scratch --rounds 12
     python3 benchmarks/fast_path_ab.py lm-vocab-blocks seq2seq-vocab-blocks --rounds 12
     python3 benchmarks/fast_path_ab.py lm-gemm-attention seq2seq-gemm-attention --rounds 12
+    python3 benchmarks/fast_path_ab.py lm-compile-gemm-attention lm-sigmoid-gelu --rounds 12
     python3 benchmarks/fast_path_ab.py greedy-uncopied beam-uncopied --rounds 9
     python3 benchmarks/fast_path_ab.py encoder-bf16 greedy-bf16 --rounds 9
 """
@@ -88,7 +93,7 @@ import lm_train
 import seq2seq_train
 from peers import aiayn_from_hf, hf_marian
 
-from aiayn import inference_linear, layers, onednn_linear, packed_sequences
+from aiayn import inference_linear, layers, onednn_linear, packed_sequences, sigmoid_gelu
 from aiayn.attention import folded_cross, gemm_attention
 from aiayn.attention.cache import KVCache
 from aiayn.decoding import top_k as top_k_module
@@ -400,6 +405,7 @@ def training_variants(ours: str, peer: str, build,
 SCRATCH = (linear_cross_entropy, "scratch_enabled", False, True)
 VOCAB_BLOCKS = (linear_cross_entropy, "VOCAB_BLOCK", WHOLE_VOCABULARY, linear_cross_entropy.VOCAB_BLOCK)
 GEMM_ATTENTION = (gemm_attention, "enabled", False, True)
+SIGMOID_GELU = (sigmoid_gelu, "enabled", False, True)
 
 
 def lm_training_variants(switch) -> dict:
@@ -453,6 +459,7 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
             "lm-vocab-blocks": lambda: lm_training_variants(VOCAB_BLOCKS),
             "seq2seq-vocab-blocks": lambda: seq2seq_training_variants(VOCAB_BLOCKS),
             "lm-gemm-attention": lambda: lm_training_variants(GEMM_ATTENTION),
+            "lm-sigmoid-gelu": lambda: lm_training_variants(SIGMOID_GELU),
             "lm-compile-gemm-attention": lambda: training_variants(
                 "aiayn+compile", "hf", lambda which: lm_train.build_sides(256, which), GEMM_ATTENTION),
             "seq2seq-gemm-attention": lambda: seq2seq_training_variants(GEMM_ATTENTION,

@@ -12,13 +12,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn import sigmoid_gelu
 from aiayn.inference_linear import linear, linear_activation
 from aiayn.normalisation import apply_dropout
 
 ACTIVATION_FUNCTIONS = {
     "relu": F.relu,
     "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_tanh": sigmoid_gelu.gelu_tanh,  # F.gelu(x, approximate="tanh"), faster on a CPU
     "silu": F.silu,
 }
 
@@ -27,7 +28,7 @@ ACTIVATION_FUNCTIONS = {
 IN_PLACE_ACTIVATIONS = {
     "relu": torch.relu_,
     "gelu": torch._C._nn.gelu_,
-    "gelu_tanh": lambda x: torch._C._nn.gelu_(x, approximate="tanh"),
+    "gelu_tanh": sigmoid_gelu.gelu_tanh_,
     "silu": torch._C._nn.silu_,
 }
 
