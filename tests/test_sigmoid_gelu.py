@@ -103,3 +103,14 @@ def test_torch_compile_traces_it_whole():
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(leaves[0].grad, leaves[1].grad, rtol=1e-6, atol=1e-7)
     assert not counters["graph_break"]
+
+
+def test_functorch_transforms_keep_torchs_gelu():
+    """``torch.func.grad`` / ``vmap`` work as with ``F.gelu`` (the autograd.Function has no functorch
+    rules) and give its values."""
+    x = _inputs()[:64]
+    got = torch.func.grad(lambda t: sigmoid_gelu.gelu_tanh(t).sum())(x)
+    want = torch.func.grad(lambda t: F.gelu(t, approximate="tanh").sum())(x)
+    assert torch.equal(got, want)
+    rows = x.view(8, 8)
+    assert torch.equal(torch.func.vmap(sigmoid_gelu.gelu_tanh)(rows), F.gelu(rows, approximate="tanh"))

@@ -13,7 +13,7 @@ The derivative, with s = sigmoid(2 z):
     d gelu_tanh / dx = s + x s (1 - s) d(2z)/dx = s (1 + (1 - s) x u'),    x u' = x (2c + 6 c a x^2)
 
 where c = sqrt(2/pi), a = 0.044715. The backward recomputes s from x (what ``F.gelu`` saves too).
-Elsewhere (other dtypes, other devices) ``F.gelu`` runs. ``torch.compile`` traces this form too: the
+Elsewhere (other dtypes, other devices, ``torch.func`` transforms) ``F.gelu`` runs. ``torch.compile`` traces this form too: the
 compiled LM training step was 1.014x the one with ``F.gelu`` traced (inductor's tanh is no faster).
 """
 
@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from aiayn import functorch_guard
+
 enabled = True  # module switch: A/B benchmarks turn it off
 TWO_C = 2 * math.sqrt(2 / math.pi)  # u = 2z = x (TWO_C + TWO_C_A x^2)
 TWO_C_A = TWO_C * 0.044715
@@ -34,7 +36,10 @@ X_DU_LIMIT = 1e4
 
 
 def applies(x: Tensor) -> bool:
-    return enabled and x.device.type == "cpu" and x.dtype == torch.float32 and type(x) is Tensor
+    """Switched on, a plain float32 CPU tensor, no ``torch.func`` transform (the autograd.Function
+    below has no rules for them)."""
+    return (enabled and x.device.type == "cpu" and x.dtype == torch.float32 and type(x) is Tensor
+            and not functorch_guard.transform_active())
 
 
 def gelu_tanh(x: Tensor) -> Tensor:

@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from aiayn import functorch_guard
+
 enabled = True  # module switch: tests and A/B benchmarks turn it off
 BLOCK = 128  # causal query block: 64 and 128 measured level at T = 256
 MAX_KEYS = 512  # P (B, H, T, S) floats kept for the backward: 8 MiB at B 8, H 4, T = S = 256
@@ -58,14 +60,7 @@ def applies(q: Tensor, k: Tensor, v: Tensor, dropout: float, *, masked: bool = F
             and (q.requires_grad or k.requires_grad or v.requires_grad)
             and all(type(t) is Tensor for t in (q, k, v))
             and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
-            and not torch.is_autocast_enabled("cpu") and not _functorch_transform_active())
-
-
-def _functorch_transform_active() -> bool:
-    """Inside ``torch.func.grad`` / ``vmap`` / ...: the autograd.Function below has no rules for
-    them (its forward writes in place), so the fused kernel stays."""
-    level = getattr(torch._C._functorch, "maybe_current_level", None)
-    return level is not None and level() is not None
+            and not torch.is_autocast_enabled("cpu") and not functorch_guard.transform_active())
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
