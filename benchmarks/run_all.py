@@ -3,18 +3,28 @@
     python3 benchmarks/run_all.py            # the whole suite (about 8 minutes on an idle 2-core CPU)
     python3 benchmarks/run_all.py --quick    # fewer rounds, no peak-memory subprocesses
     python3 benchmarks/run_all.py --only lm_train generation --compile --d-model 256 512
+    python3 benchmarks/run_all.py --compile --process-per-benchmark
 
 Each row: the median throughput of aiayn and of the peer, measured alternately in one process, their
 ratio (ours/peer, > 1 means aiayn is faster), GFLOP/s and MFU against the fp32 GEMM peak measured at the
 start of the same run, and the peak resident memory of each side measured in its own subprocess.
+
+By default every benchmark runs in this process, one after another, so a benchmark inherits the heap
+the earlier ones left: the peers' steps take fewer page faults late in a process than in a fresh one,
+and by how much depends on what ran before (docs/performance.md, the suite after the seventeenth
+pass). ``--process-per-benchmark`` runs each benchmark script in a fresh interpreter instead, as
+running the script alone (or a user's training or serving process) does.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,6 +71,41 @@ def table(rows: list[dict], peak: float) -> str:
     return "\n".join(lines)
 
 
+def suite_rows(name: str, args: argparse.Namespace) -> list[dict]:
+    """The rows of one benchmark script, run in this process."""
+    memory = not args.quick
+    if name == "lm_train":
+        import lm_train
+
+        rows = []
+        for d_model in args.d_model:
+            rows += lm_train.run(d_model, compile_ours=args.compile, rounds=3 if args.quick else 5,
+                                 memory=memory)
+        return rows
+    if name == "seq2seq_train":
+        import seq2seq_train
+
+        return seq2seq_train.run(rounds=3 if args.quick else 4, memory=memory)
+    if name == "generation":
+        import generation
+
+        return generation.run(rounds=3 if args.quick else 4, memory=memory)
+    import encoder_inference
+
+    return encoder_inference.run(rounds=3 if args.quick else 4, memory=memory)
+
+
+def suite_rows_in_fresh_process(name: str, args: argparse.Namespace) -> list[dict]:
+    """The rows of one benchmark script, run by a fresh interpreter (``--rows-out``)."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--only", name,
+               "--d-model", *map(str, args.d_model)]
+    command += ["--quick"] * args.quick + ["--compile"] * args.compile
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "rows.json"
+        subprocess.run(command + ["--rows-out", str(out)], check=True, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text(encoding="utf-8"))
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description="aiayn vs peers, side by side")
     parser.add_argument("--only", nargs="+", choices=SUITES, default=list(SUITES))
@@ -68,14 +113,20 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd aiayn (LM)")
     parser.add_argument("--d-model", type=int, nargs="+", default=[256], help="LM widths")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results.json")
+    parser.add_argument("--process-per-benchmark", action="store_true",
+                        help="run each benchmark script in a fresh interpreter")
+    parser.add_argument("--rows-out", type=Path, help=argparse.SUPPRESS)  # a fresh process's rows
     args = parser.parse_args(argv)
     setup()
+    if args.rows_out:
+        rows = [row for name in args.only for row in suite_rows(name, args)]
+        args.rows_out.write_text(json.dumps(rows), encoding="utf-8")
+        return
     began = time.perf_counter()
     load_before = os.getloadavg()
     peak = gemm_peak_gflops()
     print(f"fp32 GEMM peak (1024^3 matmul, best of 15): {peak:.1f} GFLOP/s; threads {THREADS}; "
           f"load average {load_before[0]:.2f}", flush=True)
-    memory = not args.quick
     rows: list[dict] = []
 
     def record(finished: bool) -> None:  # after every suite, so an interrupted run keeps its rows
@@ -83,34 +134,16 @@ def main(argv: list[str]) -> None:
             row["ratio"] = row["ours_value"] / row["peer_value"]
         save_results(args.out, dict(
             command="python3 benchmarks/run_all.py " + " ".join(argv), machine=cpu_name(),
+            process_per_benchmark=args.process_per_benchmark,
             cores=os.cpu_count(), threads=THREADS, torch=torch.__version__, gemm_peak_gflops=peak,
             seconds=time.perf_counter() - began, load_average_before=load_before[0],
             load_average_now=os.getloadavg()[0], finished=finished, rows=rows))
 
-    if "lm_train" in args.only:
-        import lm_train
-
-        for d_model in args.d_model:
-            rows += lm_train.run(d_model, compile_ours=args.compile, rounds=3 if args.quick else 5,
-                                 memory=memory)
-            print(table(rows, peak), flush=True)
-            record(False)
-    if "seq2seq_train" in args.only:
-        import seq2seq_train
-
-        rows += seq2seq_train.run(rounds=3 if args.quick else 4, memory=memory)
+    run_suite = suite_rows_in_fresh_process if args.process_per_benchmark else suite_rows
+    for name in [name for name in SUITES if name in args.only]:
+        rows += run_suite(name, args)
         print(table(rows, peak), flush=True)
         record(False)
-    if "generation" in args.only:
-        import generation
-
-        rows += generation.run(rounds=3 if args.quick else 4, memory=memory)
-        print(table(rows, peak), flush=True)
-        record(False)
-    if "encoder_inference" in args.only:
-        import encoder_inference
-
-        rows += encoder_inference.run(rounds=3 if args.quick else 4, memory=memory)
     elapsed = time.perf_counter() - began
     print()
     print(table(rows, peak))
