@@ -13,8 +13,9 @@ The derivative, with s = sigmoid(2 z):
     d gelu_tanh / dx = s + x s (1 - s) d(2z)/dx = s (1 + (1 - s) x u'),    x u' = x (2c + 6 c a x^2)
 
 where c = sqrt(2/pi), a = 0.044715. The backward recomputes s from x (what ``F.gelu`` saves too).
-Elsewhere (other dtypes, other devices, ``torch.func`` transforms) ``F.gelu`` runs. ``torch.compile`` traces this form too: the
-compiled LM training step was 1.014x the one with ``F.gelu`` traced (inductor's tanh is no faster).
+Elsewhere (other dtypes, other devices, ``torch.func`` transforms) ``F.gelu`` runs. ``torch.compile``
+traces this form too: the compiled LM training step was 1.014x the one with ``F.gelu`` traced
+(inductor's tanh is no faster).
 """
 
 from __future__ import annotations
