@@ -32,6 +32,7 @@ import platform
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -257,7 +258,7 @@ def run_row(row: str, args: argparse.Namespace, shapes: Shapes, device: torch.de
         outputs[name] = synced(sides[name], device)()
         first_call[name] = time.perf_counter() - start
     timing = alternate({name: synced(sides[name], device) for name in names},
-                       rounds=args.rounds, warmup=1)
+                       rounds=args.rounds, warmup=1, budget_s=args.row_budget_s)
     if row == "lm_train":
         tokens = shapes.batch * shapes.length
         flops = matmul_flops_per_token(shapes.d_model, shapes.layers, 4 * shapes.d_model,
@@ -286,6 +287,8 @@ def run_row(row: str, args: argparse.Namespace, shapes: Shapes, device: torch.de
                      ratio=seconds_peer / seconds_ours,
                      ours_memory=memory.get(ours), peer_memory=memory.get(peer),
                      ours_first_call_s=first_call[ours], peer_first_call_s=first_call[peer])
+        if row == "lm_train":  # the same weights and batch: the same first loss up to bf16 rounding
+            entry.update(ours_first_loss=outputs[ours].item(), peer_first_loss=outputs[peer].item())
         if flops is not None:
             entry.update(ours_tflops=flops / seconds_ours / 1e12,
                          peer_tflops=flops / seconds_peer / 1e12,
@@ -324,6 +327,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--only", nargs="+", choices=ROWS, default=list(ROWS))
     parser.add_argument("--compile", action="store_true", help="add the compiled LM rows")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--row-budget-s", type=float, default=None,
+                        help="stop a row's timing rounds (after 3) once this many seconds are spent")
     parser.add_argument("--no-memory", dest="memory", action="store_false",
                         help="skip the peak-memory subprocesses")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results_gpu.json")
@@ -344,16 +349,30 @@ def main(argv: list[str]) -> None:
     print(f"{describe(device)}: bf16 GEMM peak {peak:.1f} TFLOP/s, fp32 {peak_fp32:.1f} "
           f"(n^3 matmuls, best of 10); torch {torch.__version__}", flush=True)
     rows: list[dict] = []
+
+    def save(finished: bool) -> None:  # after every row: a run cut short keeps what it measured
+        save_results(args.out, dict(
+            command="python3 benchmarks/gpu.py " + " ".join(argv), device=describe(device),
+            torch=torch.__version__, bf16_gemm_peak_tflops=peak, fp32_gemm_peak_tflops=peak_fp32,
+            shapes=asdict(shapes), seconds=time.perf_counter() - began, finished=finished,
+            rows=rows, failed_rows=failed))
+
+    failed: dict[str, str] = {}
     for row in args.only:
-        for entry in run_row(row, args, shapes, device, peak):
+        try:
+            entries = run_row(row, args, shapes, device, peak)
+        except Exception:  # one broken row must not cost the others a (rarely lent) GPU's run
+            failed[row] = traceback.format_exc()
+            print(f"row {row} failed:\n{failed[row]}", flush=True)
+            continue
+        for entry in entries:
             rows.append(entry)
             print_row(entry)
-    save_results(args.out, dict(
-        command="python3 benchmarks/gpu.py " + " ".join(argv), device=describe(device),
-        torch=torch.__version__, bf16_gemm_peak_tflops=peak, fp32_gemm_peak_tflops=peak_fp32,
-        shapes=asdict(shapes), seconds=time.perf_counter() - began,
-        rows=rows))
+        save(finished=False)
+    save(finished=True)
     print(f"{time.perf_counter() - began:.0f} s; wrote {args.out}")
+    if failed:
+        sys.exit(f"rows that failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

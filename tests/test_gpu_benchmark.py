@@ -45,6 +45,9 @@ def test_tiny_run_on_the_cpu_writes_every_row(tmp_path):
     assert by_name["greedy generation (bf16), batch 1"]["same_tokens"] == 1.0
     assert by_name["greedy generation (bf16), batch 8"]["same_tokens"] >= 0.9
     assert by_name["encoder inference (bf16)"]["max_abs_difference"] < 0.1
+    assert result["finished"] is True
+    lm = [row for row in result["rows"] if row["peer"] == "hf" and "ours_first_loss" in row][0]
+    assert lm["ours_first_loss"] == pytest.approx(lm["peer_first_loss"], abs=0.05)
     assert result["command"].startswith("python3 benchmarks/gpu.py --device cpu --tiny")
 
 
