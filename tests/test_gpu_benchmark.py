@@ -63,3 +63,21 @@ def test_cuda_without_a_gpu_is_a_clear_error():
     completed = _run("--device", "cuda", "--tiny")
     assert completed.returncode != 0
     assert "no CUDA device here" in completed.stderr
+
+
+@pytest.mark.slow
+def test_gpu_profile_runs_on_the_cpu_and_its_loss_paths_agree(tmp_path):
+    """benchmarks/gpu_profile.py --tiny: every side timed and profiled, and the chunked loss (the
+    GPU's aligned path, forced off the GPU by the A/B side only) gives the logits path's value."""
+    out = tmp_path / "profile.txt"
+    completed = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_profile.py"),
+                                "--device", "cpu", "--tiny", "--rounds", "1", "--profile-steps", "1",
+                                "--top", "3", "--out", str(out)],
+                               capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    text = out.read_text()
+    for side in ("aiayn ", "aiayn-unaligned", "aiayn-logits", "nanogpt"):
+        assert f"=== {side.strip()}: 1 steps" in text
+    chunked = next(line for line in text.splitlines() if line.startswith("chunked vs logits loss"))
+    ours, plain = chunked.split("loss: ")[1].split(";")[0].split(" / ")
+    assert float(ours) == pytest.approx(float(plain), abs=1e-4)

@@ -176,11 +176,16 @@ def test_low_precision_hidden_states_and_fp16_autocast_keep_the_plain_path():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])  # fp16: the function itself
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("aligned", [False, True], ids=["cpu-path", "gpu-path"])
 def test_under_autocast_value_and_gradients_match_the_plain_autocast_path(dtype, smoothing,
-                                                                         with_bias):
+                                                                         with_bias, aligned,
+                                                                         monkeypatch):
     """Under autocast the chunks' products run in its dtype like the plain path's: the same loss and
     input gradient up to summation order, and a weight gradient that differs by the rounding of each
-    chunk's part (the plain path rounds the whole product once) on the weight's largest entries."""
+    chunk's part (the plain path rounds the whole product once) on the weight's largest entries.
+    Both chunk paths: the CPU's and the GPU's (padded rows, log_softmax), forced here on the CPU;
+    V = 50 leaves the padded rows 2 or 4 elements wider."""
+    monkeypatch.setattr(lce, "aligned_path", aligned)
     hidden, weight, bias, targets = _inputs(rows=300, width=16, vocab=50)
     plain = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
     fused = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
@@ -201,6 +206,17 @@ def test_under_autocast_value_and_gradients_match_the_plain_autocast_path(dtype,
         assert fused[index].grad.dtype == torch.float32
         torch.testing.assert_close(fused[index].grad, plain[index].grad, rtol=0,
                                    atol=float(scale) * 2 * resolution)
+
+
+def test_the_gpu_chunk_path_pads_rows_to_16_bytes_and_is_off_on_the_cpu():
+    for dtype, columns in ((torch.bfloat16, 50257), (torch.float16, 50), (torch.float32, 7),
+                           (torch.bfloat16, 64)):
+        padded = lce._padded_rows(3, columns, torch.empty(0, dtype=dtype))
+        assert padded.shape == (3, columns)
+        assert padded.stride(0) * padded.element_size() % 16 == 0
+        assert padded.stride(0) - columns < 16 // padded.element_size()
+    assert lce.aligned_path is None and not lce.takes_aligned_path(torch.zeros(1))
+    assert lce.takes_aligned_path(torch.zeros(1, device="meta"))
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports (torch.jit)

@@ -117,6 +117,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
             h = hidden[begin: begin + chunk]  # (C, D)
             y = targets[begin: begin + chunk]  # (C,)
             on_onednn = onednn_linear.applies(h, weight)
+            if low is not None and takes_aligned_path(hidden):
+                part = _aligned_low_precision_chunk(h.to(low), weight_low, bias_low, y, ignore_index,
+                                                    smoothing, need_grad)
+                total += part[0]
+                if need_grad:
+                    grad_hidden[begin: begin + chunk] = part[1]
+                    grad_weight += part[2]
+                    if grad_bias is not None:
+                        grad_bias += part[3]
+                continue
             if low is not None:
                 h = h.to(low)
                 logits = (torch.mm(h, weight_low.t()) if bias is None
@@ -188,6 +198,61 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad_weight * scale if ctx.needs_input_grad[1] else None,
                 grad_bias * scale if ctx.has_bias and ctx.needs_input_grad[2] else None,
                 None, None, None, None, None)
+
+
+# On a GPU (here an H100 under bf16 autocast, GPT-2's V = 50257) two things made the chunked loss the
+# slow part of a training step. A (C, V) product whose rows are V elements apart, V odd, is not
+# 16-byte aligned: cuBLAS then falls back to old, untiled kernels (cutlass sm75 "s1688", 0.58-0.84 ms
+# a chunk against ~0.11 ms of tensor-core work) for the logits and for both gradient products. And
+# the normaliser took six elementwise passes over the float32 chunk (cast, max, subtract, exp, sum,
+# scale) where ``log_softmax(..., dtype=float32)`` reads the bf16 logits once. So off the CPU, under
+# autocast, a chunk's low-precision logits and logit gradient live in buffers whose rows are padded to
+# 16 bytes (the product only writes the first V columns), and the log-probabilities come from one
+# log_softmax (benchmarks/gpu_profile.py, docs/performance.md). The CPU keeps the path it was
+# measured on.
+ALIGN_BYTES = 16
+aligned_path: bool | None = None  # None: off the CPU only; True / False force it (tests, A/B runs)
+
+
+def takes_aligned_path(hidden: Tensor) -> bool:
+    return hidden.device.type != "cpu" if aligned_path is None else aligned_path
+
+
+def _padded_rows(rows: int, columns: int, like: Tensor) -> Tensor:
+    """An uninitialised (rows, columns) tensor of ``like``'s dtype and device whose rows start
+    ALIGN_BYTES apart (a view of a wider buffer when columns * itemsize is not a multiple)."""
+    step = max(1, ALIGN_BYTES // like.element_size())
+    stride = -(-columns // step) * step
+    return torch.empty(rows, stride, dtype=like.dtype, device=like.device)[:, :columns]
+
+
+def _aligned_low_precision_chunk(h: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor,
+                                 ignore_index: int, smoothing: float, need_grad: bool):
+    """One chunk's summed loss and, with ``need_grad``, its gradients (hidden (C, D) in the products'
+    dtype, weight (V, D) float32, bias (V,) float32) from h (C, D) and the cast weight (V, D)."""
+    keep = y != ignore_index  # (C,)
+    safe = y.masked_fill(~keep, 0)  # (C,)
+    logits = _padded_rows(h.shape[0], weight.shape[0], h)  # (C, V), rows 16-byte aligned
+    if bias is None:
+        torch.mm(h, weight.t(), out=logits)
+    else:
+        torch.addmm(bias, h, weight.t(), out=logits)
+    log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (C, V)
+    del logits
+    target_log_probs = log_probs.gather(1, safe.unsqueeze(1)).squeeze(1)  # (C,)
+    mean_log_probs = log_probs.mean(dim=-1) if smoothing > 0.0 else None  # (C,)
+    # With log Z = 0, smoothed_nll_of_rows of the log-probabilities is that of the logits.
+    loss = smoothed_nll_of_rows(torch.zeros_like(target_log_probs), target_log_probs,
+                                mean_log_probs, keep, smoothing)
+    if not need_grad:
+        return (loss,)
+    kept = keep.to(log_probs.dtype).unsqueeze(1)  # (C, 1)
+    grad32 = subtract_smoothed_targets(log_probs.exp_(), safe, keep, smoothing)  # (C, V)
+    grad = _padded_rows(h.shape[0], weight.shape[0], h)  # (C, V)
+    torch.mul(grad32, kept, out=grad)  # ignored rows to zero and the cast, in one pass
+    del grad32
+    return (loss, torch.mm(grad, weight), torch.mm(grad.t(), h),
+            grad.sum(dim=0, dtype=torch.float32) if bias is not None else None)
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *,

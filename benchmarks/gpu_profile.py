@@ -1,0 +1,147 @@
+"""Where a GPU LM training step's time goes: aiayn against the nanoGPT-style model, kernel by kernel.
+
+    python3 benchmarks/gpu_profile.py                      # CUDA, GPT-2 small (gpu.py's shapes)
+    python3 benchmarks/gpu_profile.py --device cpu --tiny  # checks the program runs
+
+Sides, each a bf16-autocast training step (forward + backward + AdamW) as in ``gpu.py``'s LM row:
+``aiayn`` (its own loss: the chunked projection + cross-entropy), ``aiayn-unaligned`` (the same with
+the chunked loss's CPU path: unpadded rows, six elementwise passes), ``aiayn-logits`` (the same
+model through the plain logits + ``F.cross_entropy`` path, to separate the loss from the layers) and
+``nanogpt``. First checks the chunked loss's value and gradients against the logits path's (and the
+logits path against itself: the noise floor), then prints the step medians (alternating rounds),
+then for each side the kernels that take the most device time in ``--profile-steps`` steps
+(torch.profiler), and writes it all as text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import BENCH_DIR, aiayn_optimizer, alternate, peer_optimizer  # noqa: E402
+from gpu import GPT2_SMALL, TINY, synced  # noqa: E402
+from lm_train import aiayn_loss, make_step, peer_loss  # noqa: E402
+from peers import NanoGPT, aiayn_from_hf, hf_gpt2  # noqa: E402
+
+
+def logits_loss(model, ids, targets):
+    logits = model(ids)  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def with_aligned_path(aligned: bool, step):
+    """``step`` with the chunked loss's GPU path forced on or off (the A/B of that path)."""
+    from aiayn.training import linear_cross_entropy as lce
+
+    def run():
+        before, lce.aligned_path = lce.aligned_path, aligned
+        try:
+            return step()
+        finally:
+            lce.aligned_path = before
+
+    return run
+
+
+def check_gradients(chunked, plain, inputs, targets, device, *, label="chunked vs logits",
+                    first_loss=aiayn_loss) -> str:
+    """The chunked loss's value and gradients against the logits path's, same weights, one batch.
+    Called with ``first_loss=logits_loss`` it measures the noise floor: the logits path twice (GPU
+    kernels such as attention's backward need not be deterministic)."""
+    grads = []
+    for model, loss_of in ((chunked, first_loss), (plain, logits_loss)):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = loss_of(model, inputs, targets)
+        loss.backward()
+        grads.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        model.zero_grad(set_to_none=True)
+    (loss_a, grads_a), (loss_b, grads_b) = grads
+    relative = sorted((((grads_a[n] - grads_b[n]).abs().max()
+                        / grads_b[n].abs().max().clamp_min(1e-30)).item(), n) for n in grads_b)
+    message = (f"{label} loss: {loss_a:.6f} / {loss_b:.6f}; gradient difference relative to the "
+               f"tensor's largest entry, largest three: {relative[-3:]}, median "
+               f"{relative[len(relative) // 2][0]:.2e}")
+    print(message, flush=True)
+    return message
+
+
+def build(shapes, device):
+    torch.manual_seed(0)
+    ids = torch.randint(0, shapes.vocab, (shapes.batch, shapes.length + 1), device=device)
+    inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    gpt2 = dict(d_model=shapes.d_model, layers=shapes.layers, heads=shapes.heads,
+                vocab=shapes.vocab, positions=shapes.length)
+    hf = hf_gpt2(**gpt2)
+    sides = {}
+    models = {}
+    for name, loss in (("aiayn", aiayn_loss), ("aiayn-unaligned", aiayn_loss),
+                       ("aiayn-logits", logits_loss)):
+        models[name] = model = aiayn_from_hf(hf).train().to(device)
+        sides[name] = make_step(model, loss, inputs, targets, aiayn_optimizer(model))
+    sides["aiayn-unaligned"] = with_aligned_path(False, sides["aiayn-unaligned"])
+    checks = [check_gradients(models["aiayn"], models["aiayn-logits"], inputs, targets, device),
+              check_gradients(models["aiayn-unaligned"], models["aiayn-logits"], inputs, targets, device,
+                    label="logits vs logits (noise floor)", first_loss=logits_loss)]
+    nano = NanoGPT(**gpt2).train().to(device)
+    sides["nanogpt"] = make_step(nano, peer_loss(lambda m, x: m(x)), inputs, targets,
+                                 peer_optimizer(nano, fused=device.type == "cuda"))
+
+    def autocast(step):
+        def run():
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                return step()
+        return run
+
+    return {name: synced(autocast(step), device) for name, step in sides.items()}, checks
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--profile-steps", type=int, default=3)
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "gpu_profile.txt")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    shapes = TINY if args.tiny else GPT2_SMALL
+    sides, checks = build(shapes, device)
+    timing = alternate(sides, rounds=args.rounds, warmup=2)
+    tokens = shapes.batch * shapes.length
+    lines = [f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, torch "
+             f"{torch.__version__}, d{shapes.d_model} L{shapes.layers} T{shapes.length} "
+             f"B{shapes.batch} V{shapes.vocab}, bf16 autocast", *checks]
+    for name in sides:
+        seconds = timing.median(name)
+        lines.append(f"{name:<14} step {1e3 * seconds:8.2f} ms  {tokens / seconds:10.0f} tokens/s  "
+                     f"nanogpt/this {timing.median('nanogpt') / seconds:.3f}")
+    print("\n".join(lines), flush=True)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    for name, step in sides.items():
+        with torch.profiler.profile(activities=activities) as profile:
+            for _ in range(args.profile_steps):
+                step()
+        table = profile.key_averages().table(sort_by=sort, row_limit=args.top, max_name_column_width=70)
+        lines += [f"\n=== {name}: {args.profile_steps} steps, by {sort} ===", table]
+        print(lines[-2], table, sep="\n", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    began = time.perf_counter()
+    main(sys.argv[1:])
+    print(f"{time.perf_counter() - began:.0f} s")
