@@ -183,8 +183,8 @@ def test_under_autocast_value_and_gradients_match_the_plain_autocast_path(dtype,
     """Under autocast the chunks' products run in its dtype like the plain path's: the same loss and
     input gradient up to summation order, and a weight gradient that differs by the rounding of each
     chunk's part (the plain path rounds the whole product once) on the weight's largest entries.
-    Both chunk paths: the CPU's and the GPU's (padded rows, log_softmax), forced here on the CPU;
-    V = 50 leaves the padded rows 2 or 4 elements wider."""
+    Both chunk paths: the CPU's and the GPU's (vocabulary padded to 16 bytes, log_softmax), forced
+    here on the CPU; V = 50 is padded to 56."""
     monkeypatch.setattr(lce, "aligned_path", aligned)
     hidden, weight, bias, targets = _inputs(rows=300, width=16, vocab=50)
     plain = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
@@ -208,13 +208,15 @@ def test_under_autocast_value_and_gradients_match_the_plain_autocast_path(dtype,
                                    atol=float(scale) * 2 * resolution)
 
 
-def test_the_gpu_chunk_path_pads_rows_to_16_bytes_and_is_off_on_the_cpu():
-    for dtype, columns in ((torch.bfloat16, 50257), (torch.float16, 50), (torch.float32, 7),
-                           (torch.bfloat16, 64)):
-        padded = lce._padded_rows(3, columns, torch.empty(0, dtype=dtype))
-        assert padded.shape == (3, columns)
-        assert padded.stride(0) * padded.element_size() % 16 == 0
-        assert padded.stride(0) - columns < 16 // padded.element_size()
+def test_the_gpu_chunk_path_pads_the_vocabulary_to_16_bytes_and_is_off_on_the_cpu():
+    for dtype, size, padded in ((torch.bfloat16, 50257, 50264), (torch.float16, 50, 56),
+                                (torch.float32, 7, 8), (torch.bfloat16, 64, 64)):
+        assert lce.padded_size(size, dtype) == padded
+    weight = torch.randn(50, 4)
+    padded = lce._padded_vocabulary(weight, torch.bfloat16)
+    assert padded.shape == (56, 4) and padded.dtype == torch.bfloat16
+    assert torch.equal(padded[:50], weight.to(torch.bfloat16)) and not padded[50:].any()
+    assert lce._padded_vocabulary(None, torch.bfloat16) is None
     assert lce.aligned_path is None and not lce.takes_aligned_path(torch.zeros(1))
     assert lce.takes_aligned_path(torch.zeros(1, device="meta"))
 

@@ -109,7 +109,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # Under autocast the three products run in its dtype, as the plain path's would (the
         # projection's and its backward's); the weight is cast once, not once per chunk.
         low = autocast_dtype(hidden)
-        if low is not None:
+        aligned = low is not None and takes_aligned_path(hidden)
+        if aligned:  # (Vp, D) and (Vp,), zero past V
+            weight_low, bias_low = _padded_vocabulary(weight, low), _padded_vocabulary(bias, low)
+        elif low is not None:
             weight_low = weight.to(low)  # (V, D)
             bias_low = None if bias is None else bias.to(low)
         scratch = None
@@ -117,9 +120,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             h = hidden[begin: begin + chunk]  # (C, D)
             y = targets[begin: begin + chunk]  # (C,)
             on_onednn = onednn_linear.applies(h, weight)
-            if low is not None and takes_aligned_path(hidden):
-                part = _aligned_low_precision_chunk(h.to(low), weight_low, bias_low, y, ignore_index,
-                                                    smoothing, need_grad)
+            if aligned:
+                part = _aligned_low_precision_chunk(h.to(low), weight_low, bias_low, y,
+                                                    weight.shape[0], ignore_index, smoothing,
+                                                    need_grad)
                 total += part[0]
                 if need_grad:
                     grad_hidden[begin: begin + chunk] = part[1]
@@ -200,16 +204,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 None, None, None, None, None)
 
 
-# On a GPU (here an H100 under bf16 autocast, GPT-2's V = 50257) two things made the chunked loss the
-# slow part of a training step. A (C, V) product whose rows are V elements apart, V odd, is not
-# 16-byte aligned: cuBLAS then falls back to old, untiled kernels (cutlass sm75 "s1688", 0.58-0.84 ms
-# a chunk against ~0.11 ms of tensor-core work) for the logits and for both gradient products. And
+# On a GPU (an H100 and an H200 under bf16 autocast, GPT-2's V = 50257) the chunked loss was the slow
+# part of a training step, for two reasons. cuBLAS gives a product whose size or row stride along V
+# is not a multiple of 16 bytes old, untiled kernels (cutlass sm75 "s1688": 0.6-0.8 ms a chunk
+# for ~0.11 ms of tensor-core work; nanoGPT pads GPT-2's vocabulary to 50304 for this reason). And
 # the normaliser took six elementwise passes over the float32 chunk (cast, max, subtract, exp, sum,
-# scale) where ``log_softmax(..., dtype=float32)`` reads the bf16 logits once. So off the CPU, under
-# autocast, a chunk's low-precision logits and logit gradient live in buffers whose rows are padded to
-# 16 bytes (the product only writes the first V columns), and the log-probabilities come from one
-# log_softmax (benchmarks/gpu_profile.py, docs/performance.md). The CPU keeps the path it was
-# measured on.
+# scale) where ``log_softmax(..., dtype=float32)`` reads the low-precision logits once. So off the
+# CPU, under autocast, the cast weight (and bias) get zero rows up to a multiple of 16 bytes (Vp), the
+# three products run at Vp (the padded logits are dropped, the padded gradient columns are zero), and
+# the log-probabilities come from one log_softmax. Padding the logits' rows alone (the first version)
+# took a GPT-2-small step from 43.9-44.1 to 40.6-41.0 ms on an H200 (benchmarks/gpu_profile.py); the
+# two gradient products still ran the sm75 kernels there (11.9 ms of the step), hence the padded
+# vocabulary (docs/performance.md, eighteenth pass). The CPU keeps the path it was measured on.
 ALIGN_BYTES = 16
 aligned_path: bool | None = None  # None: off the CPU only; True / False force it (tests, A/B runs)
 
@@ -218,26 +224,32 @@ def takes_aligned_path(hidden: Tensor) -> bool:
     return hidden.device.type != "cpu" if aligned_path is None else aligned_path
 
 
-def _padded_rows(rows: int, columns: int, like: Tensor) -> Tensor:
-    """An uninitialised (rows, columns) tensor of ``like``'s dtype and device whose rows start
-    ALIGN_BYTES apart (a view of a wider buffer when columns * itemsize is not a multiple)."""
-    step = max(1, ALIGN_BYTES // like.element_size())
-    stride = -(-columns // step) * step
-    return torch.empty(rows, stride, dtype=like.dtype, device=like.device)[:, :columns]
+def padded_size(size: int, dtype: torch.dtype) -> int:
+    """``size`` rounded up to a multiple of ALIGN_BYTES worth of ``dtype`` elements."""
+    step = max(1, ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size())
+    return -(-size // step) * step
+
+
+def _padded_vocabulary(tensor: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """``tensor`` (V, ...) cast to ``dtype`` with zero rows appended up to ``padded_size(V)``."""
+    if tensor is None:
+        return None
+    vocab = tensor.shape[0]
+    padded = tensor.new_empty((padded_size(vocab, dtype), *tensor.shape[1:]), dtype=dtype)
+    padded[:vocab].copy_(tensor)
+    padded[vocab:].zero_()
+    return padded
 
 
 def _aligned_low_precision_chunk(h: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor,
-                                 ignore_index: int, smoothing: float, need_grad: bool):
+                                 vocab: int, ignore_index: int, smoothing: float, need_grad: bool):
     """One chunk's summed loss and, with ``need_grad``, its gradients (hidden (C, D) in the products'
-    dtype, weight (V, D) float32, bias (V,) float32) from h (C, D) and the cast weight (V, D)."""
+    dtype, weight (V, D) and bias (V,) float32), from h (C, D) and the cast, padded weight (Vp, D)
+    and bias (Vp,) (rows past ``vocab`` zero)."""
     keep = y != ignore_index  # (C,)
     safe = y.masked_fill(~keep, 0)  # (C,)
-    logits = _padded_rows(h.shape[0], weight.shape[0], h)  # (C, V), rows 16-byte aligned
-    if bias is None:
-        torch.mm(h, weight.t(), out=logits)
-    else:
-        torch.addmm(bias, h, weight.t(), out=logits)
-    log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (C, V)
+    logits = torch.mm(h, weight.t()) if bias is None else torch.addmm(bias, h, weight.t())  # (C, Vp)
+    log_probs = torch.log_softmax(logits[:, :vocab], dim=-1, dtype=torch.float32)  # (C, V)
     del logits
     target_log_probs = log_probs.gather(1, safe.unsqueeze(1)).squeeze(1)  # (C,)
     mean_log_probs = log_probs.mean(dim=-1) if smoothing > 0.0 else None  # (C,)
@@ -248,11 +260,12 @@ def _aligned_low_precision_chunk(h: Tensor, weight: Tensor, bias: Tensor | None,
         return (loss,)
     kept = keep.to(log_probs.dtype).unsqueeze(1)  # (C, 1)
     grad32 = subtract_smoothed_targets(log_probs.exp_(), safe, keep, smoothing)  # (C, V)
-    grad = _padded_rows(h.shape[0], weight.shape[0], h)  # (C, V)
-    torch.mul(grad32, kept, out=grad)  # ignored rows to zero and the cast, in one pass
+    grad = torch.empty(h.shape[0], weight.shape[0], dtype=h.dtype, device=h.device)  # (C, Vp)
+    torch.mul(grad32, kept, out=grad[:, :vocab])  # ignored rows to zero and the cast, in one pass
+    grad[:, vocab:].zero_()  # uninitialised memory may hold NaN, and NaN x 0 is NaN
     del grad32
-    return (loss, torch.mm(grad, weight), torch.mm(grad.t(), h),
-            grad.sum(dim=0, dtype=torch.float32) if bias is not None else None)
+    return (loss, torch.mm(grad, weight), torch.mm(grad.t(), h)[:vocab],
+            grad[:, :vocab].sum(dim=0, dtype=torch.float32) if bias is not None else None)
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *,
