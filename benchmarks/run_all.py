@@ -1,19 +1,20 @@
 """Run every side-by-side benchmark; print one table; write benchmarks/results.json.
 
-    python3 benchmarks/run_all.py            # the whole suite (about 8 minutes on an idle 2-core CPU)
+    python3 benchmarks/run_all.py            # the whole suite (about 9 minutes on an idle 2-core CPU)
     python3 benchmarks/run_all.py --quick    # fewer rounds, no peak-memory subprocesses
     python3 benchmarks/run_all.py --only lm_train generation --compile --d-model 256 512
-    python3 benchmarks/run_all.py --compile --process-per-benchmark
+    python3 benchmarks/run_all.py --compile --one-process
 
 Each row: the median throughput of aiayn and of the peer, measured alternately in one process, their
 ratio (ours/peer, > 1 means aiayn is faster), GFLOP/s and MFU against the fp32 GEMM peak measured at the
 start of the same run, and the peak resident memory of each side measured in its own subprocess.
 
-By default every benchmark runs in this process, one after another, so a benchmark inherits the heap
-the earlier ones left: the peers' steps take fewer page faults late in a process than in a fresh one,
-and by how much depends on what ran before (docs/performance.md, the suite after the seventeenth
-pass). ``--process-per-benchmark`` runs each benchmark script in a fresh interpreter instead, as
-running the script alone (or a user's training or serving process) does.
+Each benchmark script runs in a fresh interpreter, as running the script alone (or a user's training
+or serving process) does; its two sides share that interpreter. ``--one-process`` runs every
+benchmark in this process, one after another, as the suite did until 2026-11-26: a benchmark then
+inherits the heap the earlier ones left, the peers' steps take fewer page faults late in a process
+than in a fresh one, and by how much depends on what ran before (docs/performance.md, the suite
+after the seventeenth pass), so a row's figure depends on the rows before it.
 """
 
 from __future__ import annotations
@@ -113,8 +114,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd aiayn (LM)")
     parser.add_argument("--d-model", type=int, nargs="+", default=[256], help="LM widths")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results.json")
+    parser.add_argument("--one-process", dest="process_per_benchmark", action="store_false",
+                        help="run every benchmark in this process (by default each benchmark script "
+                             "runs in a fresh interpreter)")
     parser.add_argument("--process-per-benchmark", action="store_true",
-                        help="run each benchmark script in a fresh interpreter")
+                        help=argparse.SUPPRESS)  # the default; kept so recorded commands still run
+    parser.set_defaults(process_per_benchmark=True)
     parser.add_argument("--rows-out", type=Path, help=argparse.SUPPRESS)  # a fresh process's rows
     args = parser.parse_args(argv)
     setup()
