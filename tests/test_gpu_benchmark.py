@@ -58,6 +58,27 @@ def test_memory_subprocess_prints_the_peak_of_one_side():
     assert int(completed.stdout.strip().splitlines()[-1]) > 2 ** 20
 
 
+def test_a_failing_row_is_recorded_and_the_other_rows_still_run(tmp_path, monkeypatch, capsys):
+    """A (rarely lent) GPU's run must not lose every row to one broken row: the failure is printed
+    and saved, the other rows are measured and saved, and the program then exits non-zero."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import gpu
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(gpu, "build_greedy", broken)
+    out = tmp_path / "gpu.json"
+    with pytest.raises(SystemExit, match="rows that failed: greedy1"):
+        gpu.main(["--device", "cpu", "--tiny", "--only", "greedy1", "encoder", "--rounds", "1",
+                  "--no-memory", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["finished"] is True
+    assert [row["benchmark"] for row in result["rows"]] == ["encoder inference (bf16)"]
+    assert "planted failure" in result["failed_rows"]["greedy1"]
+    assert "row greedy1 failed" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_a_gpu_is_a_clear_error():
     completed = _run("--device", "cuda", "--tiny")
@@ -67,8 +88,9 @@ def test_cuda_without_a_gpu_is_a_clear_error():
 
 @pytest.mark.slow
 def test_gpu_profile_runs_on_the_cpu_and_its_loss_paths_agree(tmp_path):
-    """benchmarks/gpu_profile.py --tiny: every side timed and profiled, and the chunked loss (the
-    GPU's aligned path, forced off the GPU by the A/B side only) gives the logits path's value."""
+    """benchmarks/gpu_profile.py --tiny: every side timed and profiled, and the chunked loss gives
+    the logits path's value (on a CPU both chunked sides take the CPU path; the GPU path's own
+    equivalence tests force it on the CPU: test_linear_cross_entropy.py)."""
     out = tmp_path / "profile.txt"
     completed = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_profile.py"),
                                 "--device", "cpu", "--tiny", "--rounds", "1", "--profile-steps", "1",
