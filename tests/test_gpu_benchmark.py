@@ -61,7 +61,7 @@ def test_memory_subprocess_prints_the_peak_of_one_side():
 def test_a_failing_row_is_recorded_and_the_other_rows_still_run(tmp_path, monkeypatch, capsys):
     """A (rarely lent) GPU's run must not lose every row to one broken row: the failure is printed
     and saved, the other rows are measured and saved, and the program then exits non-zero."""
-    sys.path.insert(0, str(SCRIPT.parent))
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import gpu
 
     def broken(*args, **kwargs):
