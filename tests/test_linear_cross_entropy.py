@@ -217,8 +217,14 @@ def test_the_gpu_chunk_path_pads_the_vocabulary_to_16_bytes_and_is_off_on_the_cp
     assert padded.shape == (56, 4) and padded.dtype == torch.bfloat16
     assert torch.equal(padded[:50], weight.to(torch.bfloat16)) and not padded[50:].any()
     assert lce._padded_vocabulary(None, torch.bfloat16) is None
-    assert lce.aligned_path is None and not lce.takes_aligned_path(torch.zeros(1))
-    assert lce.takes_aligned_path(torch.zeros(1, device="meta"))
+    cpu, meta = torch.zeros(1, 1), torch.zeros(1, 1, device="meta")
+    assert lce.aligned_path is None and not lce.takes_aligned_path(cpu, cpu)
+    assert lce.takes_aligned_path(meta, torch.nn.Parameter(meta))
+
+    class Subclass(torch.Tensor):  # stands for FSDP's DTensor
+        pass
+
+    assert not lce.takes_aligned_path(meta, meta.as_subclass(Subclass))
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports (torch.jit)

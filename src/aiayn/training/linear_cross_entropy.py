@@ -109,7 +109,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # Under autocast the three products run in its dtype, as the plain path's would (the
         # projection's and its backward's); the weight is cast once, not once per chunk.
         low = autocast_dtype(hidden)
-        aligned = low is not None and takes_aligned_path(hidden)
+        aligned = low is not None and takes_aligned_path(hidden, weight)
         if aligned:  # (Vp, D) and (Vp,), zero past V
             weight_low, bias_low = _padded_vocabulary(weight, low), _padded_vocabulary(bias, low)
         elif low is not None:
@@ -220,8 +220,13 @@ ALIGN_BYTES = 16
 aligned_path: bool | None = None  # None: off the CPU only; True / False force it (tests, A/B runs)
 
 
-def takes_aligned_path(hidden: Tensor) -> bool:
-    return hidden.device.type != "cpu" if aligned_path is None else aligned_path
+def takes_aligned_path(hidden: Tensor, weight: Tensor) -> bool:
+    """Off the CPU, for plain tensors (a subclass such as FSDP's DTensor keeps the general path:
+    its padded copy would be built through the subclass's own operators); ``aligned_path`` forces."""
+    if aligned_path is not None:
+        return aligned_path
+    plain = onednn_linear.PLAIN_TYPES
+    return hidden.device.type != "cpu" and type(hidden) in plain and type(weight) in plain
 
 
 def padded_size(size: int, dtype: torch.dtype) -> int:
