@@ -1,0 +1,130 @@
+"""The same behaviour on every device this machine has: the CPU always, a CUDA GPU where there is one.
+
+The rest of the suite runs on the CPU; these tests carry its main guarantees to an accelerator (the
+fused attention equals eq. 1, cached decoding equals the full forward, the chunked loss equals the
+plain loss under bf16 autocast, a bf16-autocast training step learns). Where no GPU is present the
+CUDA cases are skipped and the CPU cases check the tests themselves; on a lent GPU
+``python3 -m pytest tests/test_devices.py`` runs both (benchmarks/gpu_checks.sh).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn import CausalLM, TransformerConfig
+from aiayn.attention.kernels import FusedAttention, ReferenceAttention
+from aiayn.decoding.sampling import generate
+from aiayn.masks import key_padding_to_attention
+from aiayn.tasks.lm import token_loss
+from aiayn.training import linear_cross_entropy as lce
+from aiayn.training.loss import label_smoothed_cross_entropy
+
+DEVICES = [pytest.param("cpu", id="cpu"),
+           pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(
+               not torch.cuda.is_available(), reason="no CUDA device here"))]
+# fp32 on a GPU: SDPA's memory-efficient kernel and cuBLAS sum in other orders than the CPU.
+TOLERANCE = {"cpu": 1e-5, "cuda": 1e-4}
+
+
+def tiny(**overrides):
+    return TransformerConfig.preset("tiny", **overrides)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["padding", "causal"])
+def test_fused_attention_equals_eq_1(device, dtype, causal):
+    """SDPA (flash / memory-efficient / CPU kernels, whichever the device picks) against eq. 1
+    written out, in float32 and bf16, with a padding mask or the causal one."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 32, generator=generator).to(device, dtype) for _ in range(3))
+    mask = None
+    if not causal:
+        keep = torch.ones(2, 16, dtype=torch.bool)
+        keep[1, 11:] = False
+        mask = key_padding_to_attention(keep).to(device)  # (B, 1, 1, S)
+    fused = FusedAttention()(q, k, v, mask=mask, causal=causal)
+    reference = ReferenceAttention()(q.float(), k.float(), v.float(), mask=mask, causal=causal)
+    tolerance = TOLERANCE[device] if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(fused.float(), reference, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cached_decoding_equals_the_full_forward(device):
+    model = CausalLM(tiny(norm_first=True, attention="fused")).eval().to(device)
+    tokens = torch.randint(3, 100, (3, 12), device=device)
+    with torch.inference_mode():
+        full = model(tokens)
+        cache = model.new_cache(batch=3, max_length=12)
+        prefill = model(tokens[:, :5], cache=cache)
+        steps = [model(tokens[:, t: t + 1], cache=cache) for t in range(5, 12)]
+    tolerance = TOLERANCE[device]
+    torch.testing.assert_close(torch.cat([prefill] + steps, dim=1), full, rtol=tolerance,
+                               atol=tolerance)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_generation_picks_the_full_forwards_argmax(device):
+    """Each generated token is the argmax of a full forward over everything before it."""
+    torch.manual_seed(0)
+    model = CausalLM(tiny(norm_first=True)).eval().to(device)
+    prompt = torch.randint(3, 100, (2, 4), device=device)
+    with torch.inference_mode():
+        tokens = torch.tensor(generate(model, prompt, max_new_tokens=6, greedy=True).tokens,
+                              device=device)
+        sequence = prompt
+        for step in range(6):
+            logits = model(sequence)[:, -1]  # (B, V)
+            top2 = logits.topk(2, dim=-1).values
+            chosen = tokens[:, step]
+            # A near-tie may be broken either way by another summation order: accept those.
+            tie = (top2[:, 0] - top2[:, 1]) < 1e-4
+            assert torch.all((chosen == logits.argmax(-1)) | tie)
+            sequence = torch.cat([sequence, chosen[:, None]], dim=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_chunked_loss_equals_the_plain_loss_under_bf16_autocast(device, smoothing, monkeypatch):
+    """The device's own chunk path (on a GPU: vocabulary padded to 16 bytes, one log_softmax; on
+    the CPU it is forced here) against the logits + cross-entropy path, V = 50 (padded to 56)."""
+    if device == "cpu":
+        monkeypatch.setattr(lce, "aligned_path", True)
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(300, 16, generator=generator)
+    weight = torch.randn(50, 16, generator=generator)
+    targets = torch.randint(0, 50, (300,), generator=generator)
+    targets[::7] = -100
+    plain = [t.clone().to(device).requires_grad_() for t in (hidden, weight)]
+    fused = [t.clone().to(device).requires_grad_() for t in (hidden, weight)]
+    targets = targets.to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        expected = label_smoothed_cross_entropy(F.linear(*plain), targets, smoothing=smoothing)
+        got = lce.linear_cross_entropy(*fused, targets, smoothing=smoothing, chunk=64)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-3)
+    expected.backward()
+    got.backward()
+    for ours, theirs in zip(fused, plain):
+        scale = float(theirs.grad.abs().max())
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=0,
+                                   atol=scale * 2 * torch.finfo(torch.bfloat16).eps)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bf16_autocast_training_step_learns(device):
+    """AdamW steps under bf16 autocast through aiayn's LM loss (the chunked path on a plain
+    CausalLM) drive the loss on one batch down, with finite gradients throughout."""
+    torch.manual_seed(0)
+    model = CausalLM(tiny(norm_first=True)).train().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    ids = torch.randint(3, 100, (4, 17), device=device)
+    losses = []
+    for _ in range(30):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = token_loss(model, ids[:, :-1], ids[:, 1:]) / ids[:, 1:].numel()
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
