@@ -135,11 +135,11 @@ def build_lm(which: list[str], shapes: Shapes, device: torch.device) -> dict:
             step = make_step(model, peer_loss(lambda m, x: m(x)), inputs, targets, optimizer)
         else:
             raise ValueError(f"unknown LM side {name!r}")
-        sides[name] = _under_autocast(step, device)
+        sides[name] = under_autocast(step, device)
     return sides
 
 
-def _under_autocast(step, device):
+def under_autocast(step, device):
     def run():
         with _autocast(device):
             return step()
@@ -349,6 +349,7 @@ def main(argv: list[str]) -> None:
     print(f"{describe(device)}: bf16 GEMM peak {peak:.1f} TFLOP/s, fp32 {peak_fp32:.1f} "
           f"(n^3 matmuls, best of 10); torch {torch.__version__}", flush=True)
     rows: list[dict] = []
+    failed: dict[str, str] = {}  # row -> traceback
 
     def save(finished: bool) -> None:  # after every row: a run cut short keeps what it measured
         save_results(args.out, dict(
@@ -357,7 +358,6 @@ def main(argv: list[str]) -> None:
             shapes=asdict(shapes), seconds=time.perf_counter() - began, finished=finished,
             rows=rows, failed_rows=failed))
 
-    failed: dict[str, str] = {}
     for row in args.only:
         try:
             entries = run_row(row, args, shapes, device, peak)

@@ -21,19 +21,17 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import BENCH_DIR, aiayn_optimizer, alternate, peer_optimizer  # noqa: E402
-from gpu import GPT2_SMALL, TINY, synced  # noqa: E402
+from gpu import GPT2_SMALL, TINY, synced, under_autocast  # noqa: E402
 from lm_train import aiayn_loss, make_step, peer_loss  # noqa: E402
 from peers import NanoGPT, aiayn_from_hf, hf_gpt2  # noqa: E402
 
 
-def logits_loss(model, ids, targets):
-    logits = model(ids)  # (B, T, V)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+# The plain path: the (B, T, V) logits, then F.cross_entropy in float32 (as aiayn's losses compute it).
+logits_loss = peer_loss(lambda model, ids: model(ids).float())
 
 
 def with_aligned_path(aligned: bool, step):
@@ -93,14 +91,7 @@ def build(shapes, device):
     nano = NanoGPT(**gpt2).train().to(device)
     sides["nanogpt"] = make_step(nano, peer_loss(lambda m, x: m(x)), inputs, targets,
                                  peer_optimizer(nano, fused=device.type == "cuda"))
-
-    def autocast(step):
-        def run():
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                return step()
-        return run
-
-    return {name: synced(autocast(step), device) for name, step in sides.items()}, checks
+    return {name: synced(under_autocast(step, device), device) for name, step in sides.items()}, checks
 
 
 def main(argv: list[str]) -> None:

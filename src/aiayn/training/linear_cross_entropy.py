@@ -119,7 +119,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for begin in range(0, rows, chunk):
             h = hidden[begin: begin + chunk]  # (C, D)
             y = targets[begin: begin + chunk]  # (C,)
-            on_onednn = onednn_linear.applies(h, weight)
             if aligned:
                 part = _aligned_low_precision_chunk(h.to(low), weight_low, bias_low, y,
                                                     weight.shape[0], ignore_index, smoothing,
@@ -131,6 +130,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     if grad_bias is not None:
                         grad_bias += part[3]
                 continue
+            on_onednn = onednn_linear.applies(h, weight)
             if low is not None:
                 h = h.to(low)
                 logits = (torch.mm(h, weight_low.t()) if bias is None
@@ -231,7 +231,7 @@ def takes_aligned_path(hidden: Tensor, weight: Tensor) -> bool:
 
 def padded_size(size: int, dtype: torch.dtype) -> int:
     """``size`` rounded up to a multiple of ALIGN_BYTES worth of ``dtype`` elements."""
-    step = max(1, ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size())
+    step = max(1, ALIGN_BYTES // dtype.itemsize)
     return -(-size // step) * step
 
 
