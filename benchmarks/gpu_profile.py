@@ -7,8 +7,8 @@ Sides, each a bf16-autocast training step (forward + backward + AdamW) as in ``g
 ``aiayn`` (its own loss: the chunked projection + cross-entropy), ``aiayn-unaligned`` (the same with
 the chunked loss's CPU path: unpadded rows, six elementwise passes), ``aiayn-logits`` (the same
 model through the plain logits + ``F.cross_entropy`` path, to separate the loss from the layers) and
-``nanogpt``. First checks the chunked loss's value and gradients against the logits path's (and the
-logits path against itself: the noise floor), then prints the step medians (alternating rounds),
+``nanogpt``. First checks the chunked loss's value and gradients against the logits path's, and
+both against the float32 logits path (``check_gradients``), then prints the step medians (alternating rounds),
 then for each side the kernels that take the most device time in ``--profile-steps`` steps
 (torch.profiler), and writes it all as text.
 """
@@ -48,20 +48,20 @@ def with_aligned_path(aligned: bool, step):
     return run
 
 
-def check_gradients(chunked, plain, inputs, targets, device, *, label="chunked vs logits",
-                    first_loss=aiayn_loss) -> str:
-    """The chunked loss's value and gradients against the logits path's, same weights, one batch.
-    Called with ``first_loss=logits_loss`` it measures the noise floor: the logits path twice (GPU
-    kernels such as attention's backward need not be deterministic)."""
-    grads = []
-    for model, loss_of in ((chunked, first_loss), (plain, logits_loss)):
-        model.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = loss_of(model, inputs, targets)
-        loss.backward()
-        grads.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-        model.zero_grad(set_to_none=True)
-    (loss_a, grads_a), (loss_b, grads_b) = grads
+def gradients(model, loss_of, inputs, targets, device, *, autocast: bool = True):
+    """(loss, {parameter name: gradient}) of one batch, under bf16 autocast or in float32."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        loss = loss_of(model, inputs, targets)
+    loss.backward()
+    result = loss.item(), {n: p.grad.float().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return result
+
+
+def compare(label: str, a, b) -> str:
+    """Two (loss, gradients) results: each tensor's largest difference relative to its largest entry."""
+    (loss_a, grads_a), (loss_b, grads_b) = a, b
     relative = sorted((((grads_a[n] - grads_b[n]).abs().max()
                         / grads_b[n].abs().max().clamp_min(1e-30)).item(), n) for n in grads_b)
     message = (f"{label} loss: {loss_a:.6f} / {loss_b:.6f}; gradient difference relative to the "
@@ -69,6 +69,25 @@ def check_gradients(chunked, plain, inputs, targets, device, *, label="chunked v
                f"{relative[len(relative) // 2][0]:.2e}")
     print(message, flush=True)
     return message
+
+
+def check_gradients(chunked, plain, inputs, targets, device) -> list[str]:
+    """The chunked loss's value and gradients against the logits path's, same weights, one batch,
+    both under bf16 autocast; then each against the float32 logits path (no autocast, no TF32). Two
+    bf16 paths whose products run different kernels differ at bf16 rounding even where both are
+    right, so the float32 reference is what says whether the chunked path is less accurate: its
+    error there should match the logits path's."""
+    matmul_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        reference = gradients(plain, logits_loss, inputs, targets, device, autocast=False)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
+    ours = gradients(chunked, aiayn_loss, inputs, targets, device)
+    logits = gradients(plain, logits_loss, inputs, targets, device)
+    return [compare("chunked vs logits (both bf16)", ours, logits),
+            compare("chunked (bf16) vs float32 reference", ours, reference),
+            compare("logits (bf16) vs float32 reference", logits, reference)]
 
 
 def build(shapes, device):
@@ -85,9 +104,7 @@ def build(shapes, device):
         models[name] = model = aiayn_from_hf(hf).train().to(device)
         sides[name] = make_step(model, loss, inputs, targets, aiayn_optimizer(model))
     sides["aiayn-unaligned"] = with_aligned_path(False, sides["aiayn-unaligned"])
-    checks = [check_gradients(models["aiayn"], models["aiayn-logits"], inputs, targets, device),
-              check_gradients(models["aiayn-unaligned"], models["aiayn-logits"], inputs, targets, device,
-                    label="logits vs logits (noise floor)", first_loss=logits_loss)]
+    checks = check_gradients(models["aiayn"], models["aiayn-logits"], inputs, targets, device)
     nano = NanoGPT(**gpt2).train().to(device)
     sides["nanogpt"] = make_step(nano, peer_loss(lambda m, x: m(x)), inputs, targets,
                                  peer_optimizer(nano, fused=device.type == "cuda"))
