@@ -47,6 +47,10 @@ class OutputProjection(nn.Module):
             # made once and rebuilt when the weight changes.
             if inference_linear.uses_small_rows(hidden, self.weight):
                 return inference_linear.small_rows_linear(hidden, self.weight, self.bias)
+            if (self.weight.shape[0] >= inference_linear.PACKED_MIN_OUTPUTS
+                    and inference_linear.compiled_step_applies(hidden, self.weight)):
+                return inference_linear.compiled_step_linear(hidden, self.weight, self.bias,
+                                                             layer=False)
             rows = hidden.numel() // hidden.shape[-1]
             low, high = self.VOCABULARY_MAJOR_ROWS
             if low <= rows <= high:
