@@ -2,8 +2,9 @@
 # Everything a lent GPU is for, as one device call (at most 9.9 minutes: give the call 600 s): the
 # device tests (tests/test_devices.py), where a training step's time goes (benchmarks/gpu_profile.py:
 # the chunked loss's paths, their gradients against each other and against float32) and the issue's
-# GPU rows (benchmarks/gpu.py --compile; at 6 rounds its four rows took ~520 s on an H200, so 4). Runs from the repository root with the source tree on PYTHONPATH
-# (no install: the device machine has torch and transformers, and no network).
+# GPU rows (benchmarks/gpu.py --compile; at 6 rounds its four rows took ~520 s on an H200, so 4).
+# Runs from the repository root with the source tree on PYTHONPATH (no install: the device machine
+# has torch and transformers, and no network).
 #
 #     bash benchmarks/gpu_checks.sh [OUTPUT_FOLDER]      # default benchmarks/results
 #     AIAYN_DEVICE=cpu bash benchmarks/gpu_checks.sh /tmp/x   # small shapes on the CPU: checks the script

@@ -8,9 +8,9 @@ Sides, each a bf16-autocast training step (forward + backward + AdamW) as in ``g
 the chunked loss's CPU path: unpadded rows, six elementwise passes), ``aiayn-logits`` (the same
 model through the plain logits + ``F.cross_entropy`` path, to separate the loss from the layers) and
 ``nanogpt``. First checks the chunked loss's value and gradients against the logits path's, and
-both against the float32 logits path (``check_gradients``), then prints the step medians (alternating rounds),
-then for each side the kernels that take the most device time in ``--profile-steps`` steps
-(torch.profiler), and writes it all as text.
+both against the float32 logits path (``check_gradients``), then prints the step medians
+(alternating rounds), then for each side the kernels that take the most device time in
+``--profile-steps`` steps (torch.profiler), and writes it all as text.
 """
 
 from __future__ import annotations

@@ -89,8 +89,9 @@ def test_cuda_without_a_gpu_is_a_clear_error():
 @pytest.mark.slow
 def test_gpu_profile_runs_on_the_cpu_and_its_loss_paths_agree(tmp_path):
     """benchmarks/gpu_profile.py --tiny: every side timed and profiled, the chunked loss gives the
-    logits path's value, and both compared with the float32 reference (on a CPU both chunked sides take the CPU path; the GPU path's own
-    equivalence tests force it on the CPU: test_linear_cross_entropy.py)."""
+    logits path's value, and both are compared with the float32 reference (on a CPU both chunked
+    sides take the CPU path; the GPU path's own equivalence tests force it on the CPU:
+    test_linear_cross_entropy.py)."""
     out = tmp_path / "profile.txt"
     completed = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_profile.py"),
                                 "--device", "cpu", "--tiny", "--rounds", "1", "--profile-steps", "1",
@@ -100,6 +101,7 @@ def test_gpu_profile_runs_on_the_cpu_and_its_loss_paths_agree(tmp_path):
     text = out.read_text()
     for side in ("aiayn ", "aiayn-unaligned", "aiayn-logits", "nanogpt"):
         assert f"=== {side.strip()}: 1 steps" in text
+
     def losses(label):
         line = next(line for line in text.splitlines() if line.startswith(label + " loss: "))
         return [float(value) for value in line.split("loss: ")[1].split(";")[0].split(" / ")]

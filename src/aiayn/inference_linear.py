@@ -366,11 +366,12 @@ def small_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 # --- decoding steps inside torch.compile -------------------------------------------------------------
 # The derived copies are Python state a compiled graph cannot hold, so a compiled decoding step used
 # to multiply through inductor's own products on the weights as they are: beam search with compiled
-# steps ran at 1.59x HF against eager's 1.8x (docs/performance.md, eleventh pass). Inside the graph the
-# step's products are now one custom operator, an opaque kernel that looks the packed copy up when it
-# runs (made once, rebuilt when the weight changes, the switches read then), while inductor fuses the
-# rest of the step (the views, LayerNorms, residual sums, softmax and cache updates whose Python and
-# dispatch cost is a third of an eager step at these sizes).
+# steps lost to eager (1.75x HF against 1.80x on a Zen 4 with AVX2 kernels; now 1.87-2.00x,
+# docs/performance.md, nineteenth pass). Inside the graph the step's products are now one custom
+# operator, an opaque kernel that looks the packed copy up when it runs (made once, rebuilt when the
+# weight changes, the switches read then), while inductor fuses the rest of the step (the views,
+# LayerNorms, residual sums, softmax and cache updates, whose Python and dispatch cost is a third of
+# an eager step at these sizes).
 
 
 def compiled_step_applies(x: Tensor, weight: Tensor) -> bool:
