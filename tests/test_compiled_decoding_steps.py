@@ -78,28 +78,32 @@ def reorders(monkeypatch):
     return made
 
 
-@pytest.mark.parametrize("rows", [2, 8, 64])
-def test_a_compiled_step_multiplies_packed_copies_once_made(rows, reorders):
+def traced_step(rows: int = 4):
+    """A Step, an input of ``rows`` rows, the compiled step run once on it (traced, copies made)
+    and the operator counts of its graphs."""
     torch.manual_seed(0)
     step = Step()
     x = torch.randn(rows, 1, 24)
     run, seen = compiled(step)
     with torch.no_grad():
-        out = run(x)
-        assert seen == [3]
-        torch.testing.assert_close(out, step.reference(x), rtol=1e-5, atol=1e-5)
-        assert len(reorders) == 3  # one copy per weight, the tied embedding's included
+        run(x)
+    return step, x, run, seen
+
+
+@pytest.mark.parametrize("rows", [2, 8, 64])
+def test_a_compiled_step_multiplies_packed_copies_once_made(rows, reorders):
+    step, x, run, seen = traced_step(rows)
+    assert seen == [3]
+    assert len(reorders) == 3  # one copy per weight, the tied embedding's included
+    with torch.no_grad():
+        torch.testing.assert_close(run(x), step.reference(x), rtol=1e-5, atol=1e-5)
         run(torch.randn(rows, 1, 24))
-        assert len(reorders) == 3  # reused by the next call
+    assert len(reorders) == 3  # reused call after call
 
 
 def test_the_copies_follow_in_place_changes_of_the_weights(reorders):
-    torch.manual_seed(0)
-    step = Step()
-    x = torch.randn(4, 1, 24)
-    run, _ = compiled(step)
+    step, x, run, _ = traced_step()
     with torch.no_grad():
-        run(x)
         step.first.weight.mul_(2.0)
         step.embedding.weight.add_(1.0)
         torch.testing.assert_close(run(x), step.reference(x), rtol=1e-5, atol=1e-4)
@@ -133,14 +137,10 @@ def test_autograd_and_a_small_vocabulary_stay_plain():
 def test_switches_apply_when_the_graph_runs(switch, copies, reorders, monkeypatch):
     """A graph traced with the copies on and run with a switch off makes no copy that the switch
     forbids (``packed_layers_enabled`` leaves the output projection's), with the same results."""
-    torch.manual_seed(0)
-    step = Step()
-    x = torch.randn(4, 1, 24)
-    run, _ = compiled(step)
+    step, x, run, _ = traced_step()
+    del reorders[:]
+    inference_linear.packed_weights.clear()
     with torch.no_grad():
-        run(x)
-        del reorders[:]
-        inference_linear.packed_weights.clear()
         monkeypatch.setattr(inference_linear, switch, False)
         torch.testing.assert_close(run(x), step.reference(x), rtol=1e-5, atol=1e-5)
     assert len(reorders) == copies
