@@ -6,8 +6,9 @@
 Sides, each a bf16-autocast training step (forward + backward + AdamW) as in ``gpu.py``'s LM row:
 ``aiayn`` (its own loss: the chunked projection + cross-entropy), ``aiayn-unaligned`` (the same with
 the chunked loss's CPU path: unpadded rows, six elementwise passes), ``aiayn-logits`` (the same
-model through the plain logits + ``F.cross_entropy`` path, to separate the loss from the layers) and
-``nanogpt``. First checks the chunked loss's value and gradients against the logits path's, and
+model through the plain logits + ``F.cross_entropy`` path, to separate the loss from the layers),
+``aiayn-chunk4096`` (the chunked loss at 4096 rows a chunk instead of the default 1024: fewer kernel
+launches for the host-bound step) and ``nanogpt``. First checks the chunked loss's value and gradients against the logits path's, and
 both against the float32 logits path (``check_gradients``), then prints the step medians
 (alternating rounds), then for each side the kernels that take the most device time in
 ``--profile-steps`` steps (torch.profiler), and writes it all as text.
@@ -44,6 +45,22 @@ def with_aligned_path(aligned: bool, step):
             return step()
         finally:
             lce.aligned_path = before
+
+    return run
+
+
+def with_chunk(rows: int, step):
+    """``step`` with the chunked loss projecting ``rows`` rows a chunk (the library's default is
+    ``DEFAULT_CHUNK``): fewer, larger chunks launch fewer kernels, for more memory."""
+    from aiayn.training import linear_cross_entropy as lce
+
+    def run():
+        plain = lce.linear_cross_entropy
+        lce.linear_cross_entropy = lambda *args, **kwargs: plain(*args, **kwargs, chunk=rows)
+        try:
+            return step()
+        finally:
+            lce.linear_cross_entropy = plain
 
     return run
 
@@ -100,10 +117,11 @@ def build(shapes, device):
     sides = {}
     models = {}
     for name, loss in (("aiayn", aiayn_loss), ("aiayn-unaligned", aiayn_loss),
-                       ("aiayn-logits", logits_loss)):
+                       ("aiayn-logits", logits_loss), ("aiayn-chunk4096", aiayn_loss)):
         models[name] = model = aiayn_from_hf(hf).train().to(device)
         sides[name] = make_step(model, loss, inputs, targets, aiayn_optimizer(model))
     sides["aiayn-unaligned"] = with_aligned_path(False, sides["aiayn-unaligned"])
+    sides["aiayn-chunk4096"] = with_chunk(4096, sides["aiayn-chunk4096"])
     checks = check_gradients(models["aiayn"], models["aiayn-logits"], inputs, targets, device)
     nano = NanoGPT(**gpt2).train().to(device)
     sides["nanogpt"] = make_step(nano, peer_loss(lambda m, x: m(x)), inputs, targets,
@@ -130,7 +148,7 @@ def main(argv: list[str]) -> None:
              f"B{shapes.batch} V{shapes.vocab}, bf16 autocast", *checks]
     for name in sides:
         seconds = timing.median(name)
-        lines.append(f"{name:<14} step {1e3 * seconds:8.2f} ms  {tokens / seconds:10.0f} tokens/s  "
+        lines.append(f"{name:<16} step {1e3 * seconds:8.2f} ms  {tokens / seconds:10.0f} tokens/s  "
                      f"nanogpt/this {timing.median('nanogpt') / seconds:.3f}")
     print("\n".join(lines), flush=True)
     activities = [torch.profiler.ProfilerActivity.CPU]

@@ -99,7 +99,7 @@ def test_gpu_profile_runs_on_the_cpu_and_its_loss_paths_agree(tmp_path):
                                capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-2000:]
     text = out.read_text()
-    for side in ("aiayn ", "aiayn-unaligned", "aiayn-logits", "nanogpt"):
+    for side in ("aiayn ", "aiayn-unaligned", "aiayn-logits", "aiayn-chunk4096", "nanogpt"):
         assert f"=== {side.strip()}: 1 steps" in text
 
     def losses(label):
