@@ -8,7 +8,8 @@
 The aiayn side is ``aiayn.decoding`` when that package provides the function, else the plain loop over
 the static cache written below (``greedy_loop`` / ``beam_loop``); ``aiayn+compile`` is the same
 ``generate`` with ``compile=True`` (each decoding step one ``torch.compile`` graph; the time of its
-first call, compilation included, is reported). ``aiayn-uncopied`` (greedy batch 8 and beam search) is
+first call, compilation included, is reported; its peak memory includes what compiling leaves
+resident: inductor's modules and generated code). ``aiayn-uncopied`` (greedy batch 8 and beam search) is
 ``aiayn`` with the derived weight copies of decoding steps switched off
 (``aiayn.inference_linear.small_rows_enabled = False``): the memory-lean setting, with its own peak
 memory, since the copies (~20 MiB here) are what puts the default above HF's memory in these rows.
@@ -183,7 +184,8 @@ def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
         names = ["aiayn", "hf"]
         if has_library:  # one row makes no copies (split products): no "aiayn-uncopied" there
             names += ["aiayn-loop", "aiayn+compile"] + (["aiayn-uncopied"] if batch > 1 else [])
-        measured = [name for name in names if name in ("aiayn", "aiayn-uncopied", "hf")]
+        measured = [name for name in names
+                    if name in ("aiayn", "aiayn-uncopied", "aiayn+compile", "hf")]
         sides = build_greedy(names, batch)
         reference = sides["hf"]()
         same, first_call = {}, {}
@@ -215,7 +217,8 @@ def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
         first_call[name] = time.perf_counter() - began
     timing = alternate(sides, rounds=rounds, warmup=1)
     rss = ({name: peak_rss_subprocess("generation.py", name, ["--beam"])
-            for name in ("aiayn", "aiayn-uncopied", "hf")} if memory else {"hf": None})
+            for name in ("aiayn", "aiayn-uncopied", "aiayn+compile", "hf")} if memory
+           else {"hf": None})
     for ours in ("aiayn", "aiayn+compile", "aiayn-uncopied"):
         rows.append(dict(benchmark=f"beam search ({BEAMS} beams)",
                          shape=f"marian d256 3+3 V8192 B{BEAM_BATCH} S{SOURCE} +{BEAM_NEW}",
