@@ -52,6 +52,22 @@ def test_tiny_run_on_the_cpu_writes_every_row(tmp_path):
 
 
 @pytest.mark.slow
+def test_tiny_compiled_rows_run_on_the_cpu(tmp_path):
+    """``--compile`` (aiayn's layers compiled, nanoGPT-style compiled whole): the rows a lent GPU's
+    short run depends on are built, timed and saved, and the compiled step trains what eager does."""
+    out = tmp_path / "gpu.json"
+    completed = _run("--device", "cpu", "--tiny", "--compile", "--only", "lm_train", "--rounds", "1",
+                     "--no-memory", "--out", str(out))
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["ours"], row["peer"]) for row in rows] == [
+        ("aiayn", "hf"), ("aiayn", "nanogpt"), ("aiayn+compile", "hf"),
+        ("aiayn+compile", "nanogpt+compile")]
+    assert all(row["ours_value"] > 0 and row["peer_value"] > 0 for row in rows)
+    assert rows[2]["ours_first_loss"] == pytest.approx(rows[0]["ours_first_loss"], abs=1e-3)
+
+
+@pytest.mark.slow
 def test_memory_subprocess_prints_the_peak_of_one_side():
     completed = _run("--memory", "aiayn", "--memory-row", "encoder", "--device", "cpu", "--tiny")
     assert completed.returncode == 0, completed.stderr[-2000:]
