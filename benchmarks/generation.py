@@ -29,6 +29,7 @@ from common import alternate, memory_main, peak_rss_subprocess, setup
 from peers import aiayn_from_hf, hf_gpt2, hf_marian
 
 PROMPT, NEW = 16, 256
+MEMORY_SIDES = ("aiayn", "aiayn-uncopied", "aiayn+compile", "hf")  # each its own peak-memory process
 SOURCE, BEAM_NEW, BEAM_BATCH, BEAMS = 32, 32, 4, 4
 
 
@@ -184,8 +185,7 @@ def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
         names = ["aiayn", "hf"]
         if has_library:  # one row makes no copies (split products): no "aiayn-uncopied" there
             names += ["aiayn-loop", "aiayn+compile"] + (["aiayn-uncopied"] if batch > 1 else [])
-        measured = [name for name in names
-                    if name in ("aiayn", "aiayn-uncopied", "aiayn+compile", "hf")]
+        measured = [name for name in names if name in MEMORY_SIDES]
         sides = build_greedy(names, batch)
         reference = sides["hf"]()
         same, first_call = {}, {}
@@ -217,8 +217,7 @@ def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
         first_call[name] = time.perf_counter() - began
     timing = alternate(sides, rounds=rounds, warmup=1)
     rss = ({name: peak_rss_subprocess("generation.py", name, ["--beam"])
-            for name in ("aiayn", "aiayn-uncopied", "aiayn+compile", "hf")} if memory
-           else {"hf": None})
+            for name in MEMORY_SIDES} if memory else {"hf": None})
     for ours in ("aiayn", "aiayn+compile", "aiayn-uncopied"):
         rows.append(dict(benchmark=f"beam search ({BEAMS} beams)",
                          shape=f"marian d256 3+3 V8192 B{BEAM_BATCH} S{SOURCE} +{BEAM_NEW}",

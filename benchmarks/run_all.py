@@ -1,6 +1,6 @@
 """Run every side-by-side benchmark; print one table; write benchmarks/results.json.
 
-    python3 benchmarks/run_all.py            # the whole suite (about 9 minutes on an idle 2-core CPU)
+    python3 benchmarks/run_all.py            # the whole suite (about 6 minutes on an idle 2-core CPU)
     python3 benchmarks/run_all.py --quick    # fewer rounds, no peak-memory subprocesses
     python3 benchmarks/run_all.py --only lm_train generation --compile --d-model 256 512
     python3 benchmarks/run_all.py --compile --one-process

@@ -249,12 +249,18 @@ def _packs_layer(x: Tensor, weight: Tensor) -> bool:
             and _eager_float32_step(x, weight) and not weight.is_inference())
 
 
-def _eager_float32_step(x: Tensor, weight: Tensor) -> bool:
-    """What both few-row layer paths need besides their switches: one new position per row ((N, 1,
-    I) or (N, I)), no autograd, CPU float32, not inside ``torch.compile``."""
+def _float32_step(x: Tensor, weight: Tensor) -> bool:
+    """A decoding step's product: one new position per row ((N, 1, I) or (N, I)), no autograd, CPU
+    float32."""
     return ((x.dim() < 3 or x.shape[-2] == 1) and not torch.is_grad_enabled()
             and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and not torch.compiler.is_compiling())
+            and weight.dtype == torch.float32)
+
+
+def _eager_float32_step(x: Tensor, weight: Tensor) -> bool:
+    """What both few-row layer paths need besides their switches: ``_float32_step``, not inside
+    ``torch.compile``."""
+    return _float32_step(x, weight) and not torch.compiler.is_compiling()
 
 
 # Module switch: oneDNN on the weight as it is where no copy is made. On by default where oneDNN's
@@ -378,9 +384,7 @@ def compiled_step_applies(x: Tensor, weight: Tensor) -> bool:
     """Whether, while ``torch.compile`` traces, the product of ``x`` (…, I) by ``weight`` (O, I) is
     a decoding step's for ``compiled_step_linear``: one new position per row, 2..SMALL_ROWS rows, no
     autograd, CPU float32 without autocast, oneDNN present."""
-    return (torch.compiler.is_compiling() and _REORDER is not None and not torch.is_grad_enabled()
-            and (x.dim() < 3 or x.shape[-2] == 1) and x.device.type == "cpu"
-            and x.dtype == torch.float32 and weight.dtype == torch.float32
+    return (torch.compiler.is_compiling() and _REORDER is not None and _float32_step(x, weight)
             and not torch.is_autocast_enabled("cpu") and 1 < x.numel() // x.shape[-1] <= SMALL_ROWS)
 
 
