@@ -49,6 +49,10 @@ and machine state (alternating, medians), with the peer (HF) timed alongside:
 - ``greedy-uncopied``, ``beam-uncopied``: ``greedy`` / ``beam`` with the derived weight copies
   switched off (``small_rows_enabled = False``, the memory-lean setting), the steps' products through
   MKL ("before") and through oneDNN on the weights as they are (``uses_uncopied_step``);
+- ``greedy-split-rows``, ``greedy4-split-rows``: greedy generation at batch 8 / 4 with the derived
+  weight copies switched off and PyTorch's own product for the few-row steps ("before") against the
+  weights split across the threads as they are (``aiayn.inference_linear.split_rows``; oneDNN on
+  the uncopied weights off on both sides, as where PyTorch runs AVX2 kernels);
 - ``encoder-bf16``, ``greedy-bf16``: encoder inference / greedy batch 8 under CPU bf16 autocast
   (every side), autocast's own products ("before") and the packed bf16 weight copies
   (``aiayn.inference_linear.bf16_packed_linear``).
@@ -74,6 +78,7 @@ of the fourth pass (the layers' packed weights at 2..64 rows, ``split_gemv`` at 
     python3 benchmarks/fast_path_ab.py lm-compile-gemm-attention lm-sigmoid-gelu --rounds 12
     python3 benchmarks/fast_path_ab.py greedy-uncopied beam-uncopied --rounds 9
     python3 benchmarks/fast_path_ab.py encoder-bf16 greedy-bf16 --rounds 9
+    python3 benchmarks/fast_path_ab.py greedy-split-rows greedy4-split-rows --rounds 9
 """
 
 from __future__ import annotations
@@ -115,8 +120,8 @@ def switched_off(*names: str):
 
 def no_small_rows():
     """Without the few-row paths of decoding steps: derived weights (output projection and layers)
-    and split one-row products."""
-    return switched_off("small_rows_enabled", "split_gemv_enabled")
+    and split products (one row, and 2..8 rows without copies)."""
+    return switched_off("small_rows_enabled", "split_gemv_enabled", "split_rows_enabled")
 
 
 @contextlib.contextmanager
@@ -253,6 +258,25 @@ def uncopied_variants(decoding: str) -> dict:
             return fast()
 
     assert torch.equal(before(), after()), "uncopied and plain decoding disagree"
+    return {"before": before, "after": after, "hf": sides["hf"]}
+
+
+def split_rows_variants(batch: int) -> dict:
+    """generation.py's greedy loop at ``batch`` rows with the derived weight copies switched off and
+    oneDNN on the uncopied weights off (as with AVX2 kernels): PyTorch's own product of the few rows
+    ("before") against ``inference_linear.split_rows``; tokens identical."""
+    sides = greedy_variants(batch)
+    fast = sides["after"]
+
+    def before():
+        with switched_off("small_rows_enabled", "uncopied_steps_enabled", "split_rows_enabled"):
+            return fast()
+
+    def after():
+        with switched_off("small_rows_enabled", "uncopied_steps_enabled"):
+            return fast()
+
+    assert torch.equal(before(), after()), "split and plain decoding disagree"
     return {"before": before, "after": after, "hf": sides["hf"]}
 
 
@@ -466,6 +490,8 @@ VARIANTS = {"beam": beam_variants, "greedy": greedy_variants,
                                                                         peer="torch.nn"),
             "greedy-uncopied": lambda: uncopied_variants("greedy"),
             "beam-uncopied": lambda: uncopied_variants("beam"),
+            "greedy-split-rows": lambda: split_rows_variants(8),
+            "greedy4-split-rows": lambda: split_rows_variants(4),
             "encoder-bf16": lambda: bf16_inference_variants("encoder"),
             "greedy-bf16": lambda: bf16_inference_variants("greedy")}
 

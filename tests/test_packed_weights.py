@@ -60,7 +60,8 @@ def threads(count: int):
         torch.set_num_threads(saved)
 
 
-SWITCHES = ("small_rows_enabled", "split_gemv_enabled", "uncopied_steps_enabled")
+SWITCHES = ("small_rows_enabled", "split_gemv_enabled", "split_rows_enabled",
+            "uncopied_steps_enabled")
 
 
 def _fast_and_plain(call, monkeypatch, *, keep: tuple[str, ...] = ()):

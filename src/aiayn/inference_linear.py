@@ -36,6 +36,11 @@ MKL was faster (the same whole generations 0.967-0.971x), so there it is off by 
 vocabulary-sized output projection takes it from 16 rows (``OutputProjection``; below, its
 vocabulary-major product is faster).
 
+Where no copy is made and oneDNN's uncopied products are off (AVX2), steps of 2..8 rows split the
+weight, as it is, across the threads (``split_rows``: one batched product over row blocks of the
+weight, 1.12-1.16x whole greedy generations at batch 4 / 8 against MKL's GEMM, which repacks the
+whole matrix on every call); the output projection at 6..12 rows.
+
 At one row with 2+ threads every product (layers and output projection) is ``split_gemv`` instead:
 MKL runs a lone GEMV on one thread, so the weight, unchanged and uncopied, is multiplied as P
 row blocks in one batched call that spreads over the threads (the 16 layer products of a d256 step
@@ -43,7 +48,8 @@ row blocks in one batched call that spreads over the threads (the 16 layer produ
 
 The price is memory: one derived copy of every matrix a decoding step multiplies at 2..64 rows (and of
 the output projection at one row on one thread). ``small_rows_enabled = False`` turns all of it off;
-``packed_layers_enabled = False`` only the layers' part; ``split_gemv_enabled = False`` the split;
+``packed_layers_enabled = False`` only the layers' part; ``split_gemv_enabled = False`` the one-row
+split; ``split_rows_enabled = False`` the split of 2..8 rows;
 ``uncopied_steps_enabled = False`` the oneDNN products on uncopied weights. A derived copy is
 rebuilt whenever its weight changes: in-place updates (an optimizer step, ``load_state_dict``,
 ``copy_``) bump the weight's version counter, ``.to()`` / ``.data = ...`` change its storage, and the
@@ -107,7 +113,8 @@ def has_hooks(layer: nn.Module) -> bool:
 def linear(layer: nn.Linear, x: Tensor) -> Tensor:
     """``layer(x)``: (…, I) -> (…, O); many rows through oneDNN when ``uses_onednn`` (with or without
     autograd); without autograd, one row through ``split_gemv``, 2..SMALL_ROWS rows through the
-    layer's packed weight (``uses_packed_layer``)."""
+    layer's packed weight (``uses_packed_layer``), or where no copy is made through oneDNN on the
+    weight as it is (``uses_uncopied_step``) or, at 2..SPLIT_ROWS_MAX rows, ``split_rows``."""
     # Decoding calls this ~100 times a token: the weight is fetched once (a module attribute lookup
     # costs as much as a small operator) and only the tests of the row count at hand run.
     if torch.is_grad_enabled():
@@ -131,6 +138,9 @@ def linear(layer: nn.Linear, x: Tensor) -> Tensor:
             return uncopied_step_linear(x, weight, layer.bias)
         if compiled_step_applies(x, weight):
             return compiled_step_linear(x, weight, layer.bias)
+        parts = split_rows_parts(x, weight)
+        if parts > 1:
+            return split_rows(x, weight, layer.bias, parts)
     elif uses_onednn(x, layer):
         return onednn_linear.linear(x, weight, layer.bias)
     return layer(x)
@@ -296,7 +306,15 @@ split_gemv_enabled = True  # module switch: one-row products split across thread
 def split_gemv_parts(x: Tensor, weight: Tensor) -> int:
     """Into how many parts ``split_gemv`` cuts the product of the single row ``x`` (…, I) by
     ``weight`` (O, I): the thread count when it divides O, else 1 (the plain path)."""
-    if not split_gemv_enabled or x.numel() != x.shape[-1] or torch.is_grad_enabled():
+    if not split_gemv_enabled or x.numel() != x.shape[-1]:
+        return 1
+    return _split_parts(x, weight)
+
+
+def _split_parts(x: Tensor, weight: Tensor) -> int:
+    """What both split products need besides their switch and row count: the thread count when it
+    divides O, no autograd, CPU float32 without autocast; else 1."""
+    if torch.is_grad_enabled():
         return 1
     parts = _thread_count()
     if (parts < 2 or weight.shape[0] % parts or x.device.type != "cpu" or x.dtype != torch.float32
@@ -330,6 +348,41 @@ def split_gemv(x: Tensor, weight: Tensor, bias: Tensor | None, parts: int) -> Te
     column = x.reshape(1, in_features).t().expand(parts, in_features, 1)  # (P, I, 1)
     out = torch.bmm(blocks, column).view(*x.shape[:-1], out_features)  # (…, O)
     return out if bias is None else out.add_(bias)
+
+
+# Module switch: products of 2..SPLIT_ROWS_MAX rows that get no derived copy split across threads.
+split_rows_enabled = True
+SPLIT_ROWS_MAX = 8
+
+
+def split_rows_parts(x: Tensor, weight: Tensor, max_rows: int = SPLIT_ROWS_MAX) -> int:
+    """Into how many parts ``split_rows`` cuts the product of 2..``max_rows`` rows ``x`` (…, I) by
+    ``weight`` (O, I): the thread count when it divides O, else 1 (the plain path)."""
+    if not split_rows_enabled or not 1 < x.numel() // x.shape[-1] <= max_rows:
+        return 1
+    return _split_parts(x, weight)
+
+
+def split_rows(x: Tensor, weight: Tensor, bias: Tensor | None, parts: int) -> Tensor:
+    """``F.linear`` of a few rows x (…, I) -> (…, O) as ``parts`` products in one batched call.
+
+    Where a decoding step's weight has no derived copy (copies switched off, or an inference
+    tensor), MKL's GEMM of a few rows repacks the whole (O, I) matrix on every call; the batched
+    product over row blocks of the weight, as it is, runs one block per thread instead.
+    Measured (2 threads, AVX2 kernels, the four products of a decoder layer, us, ``addmm`` / split):
+    d 256 at 2 / 4 / 8 rows 1,191 / 793, 1,543 / 1,011, 1,587 / 1,327 (a GPT-2 step with its
+    output projection, hot); d 512 and d 768 2-3x at 2..8 rows. From 16 rows ``addmm`` is faster.
+    """
+    out_features, in_features = weight.shape
+    rows = x.numel() // in_features
+    blocks = weight.view(parts, out_features // parts, in_features)  # (P, O/P, I): a view
+    flat = x.reshape(1, rows, in_features).expand(parts, rows, in_features)  # (P, N, I)
+    if bias is None:
+        out = torch.bmm(flat, blocks.transpose(1, 2))  # (P, N, O/P)
+    else:
+        out = torch.baddbmm(bias.view(parts, 1, out_features // parts), flat,
+                            blocks.transpose(1, 2))
+    return out.transpose(0, 1).reshape(*x.shape[:-1], out_features)  # (N, P, O/P) -> (…, O)
 
 
 def _onednn_packed(weight: Tensor) -> Tensor:

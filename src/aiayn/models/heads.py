@@ -37,6 +37,12 @@ class OutputProjection(nn.Module):
     # level at 8, 0.53 / 0.60x at 2).
     VOCABULARY_MAJOR_ROWS = (2, 64)
     UNCOPIED_MIN_ROWS = 16
+    # Where neither applies, from 6 to 12 rows the weight split across the threads as it is
+    # (aiayn.inference_linear.split_rows) is faster than the vocabulary-major product (2 threads,
+    # AVX2 kernels, cold weights, us, vocabulary-major / split: V 8192 D 256 at 6 / 8 / 12 rows
+    # 756 / 640, 833 / 652, 1,393 / 767; V 32000 D 768 8,045 / 7,435, 10,313 / 7,546, 16,561 /
+    # 9,081; at 2..5 rows and at 16 the vocabulary-major product is level or faster).
+    SPLIT_ROWS = (6, 12)
 
     def forward(self, hidden: Tensor) -> Tensor:
         # Gradient mode first: training (and torch.compile's symbolic shapes) never reach the test.
@@ -57,6 +63,11 @@ class OutputProjection(nn.Module):
                 if (rows >= self.UNCOPIED_MIN_ROWS
                         and inference_linear.uses_uncopied_step(hidden, self.weight)):
                     return inference_linear.uncopied_step_linear(hidden, self.weight, self.bias)
+                if self.SPLIT_ROWS[0] <= rows:
+                    parts = inference_linear.split_rows_parts(hidden, self.weight,
+                                                              max_rows=self.SPLIT_ROWS[1])
+                    if parts > 1:
+                        return inference_linear.split_rows(hidden, self.weight, self.bias, parts)
                 return self._vocabulary_major(hidden, rows)
         return nn.functional.linear(hidden, self.weight, self.bias)
 
