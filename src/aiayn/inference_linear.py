@@ -36,8 +36,9 @@ MKL was faster (the same whole generations 0.967-0.971x), so there it is off by 
 vocabulary-sized output projection takes it from 16 rows (``OutputProjection``; below, its
 vocabulary-major product is faster).
 
-Where no copy is made and oneDNN's uncopied products are off (AVX2), steps of 2..8 rows split the
-weight, as it is, across the threads (``split_rows``: one batched product over row blocks of the
+Where no copy is made and oneDNN's uncopied products are off (AVX2), products of 2..8 rows (such
+steps, and a prompt's or a sentence's forward of that few tokens) split the weight, as it is, across
+the threads (``split_rows``: one batched product over row blocks of the
 weight, 1.12-1.16x whole greedy generations at batch 4 / 8 against MKL's GEMM, which repacks the
 whole matrix on every call); the output projection at 6..12 rows.
 
