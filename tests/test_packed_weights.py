@@ -13,7 +13,6 @@
   default only where PyTorch runs AVX-512 kernels; switched on here for every CPU);
 - entries go away with their weight; autograd and float64 never take the path.
 """
-import contextlib
 import gc
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from aiayn import CausalLM, Transformer, TransformerConfig
 from aiayn import inference_linear
 from aiayn.decoding.beam import beam_search
 from aiayn.decoding.sampling import generate
+from thread_helpers import threads
 
 VOCAB = inference_linear.PACKED_MIN_OUTPUTS  # large enough for the packed path at 2..64 rows
 needs_onednn = pytest.mark.skipif(inference_linear._REORDER is None,
@@ -48,16 +48,6 @@ def test_uncopied_steps_default_follows_the_cpu():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     default, prefers = result.stdout.split()
     assert default == prefers
-
-
-@contextlib.contextmanager
-def threads(count: int):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 SWITCHES = ("small_rows_enabled", "split_gemv_enabled", "split_rows_enabled",

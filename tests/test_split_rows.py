@@ -9,7 +9,6 @@ threads (``aiayn.inference_linear.split_rows``, issue 6).
 - the output projection takes it at 6..12 rows (the vocabulary-major product below and above);
 - greedy generation and beam search give the plain path's tokens through it.
 """
-import contextlib
 
 import pytest
 import torch
@@ -20,20 +19,11 @@ from aiayn import CausalLM, Transformer, TransformerConfig
 from aiayn import inference_linear
 from aiayn.decoding.beam import beam_search
 from aiayn.decoding.sampling import generate
+from thread_helpers import threads
 from aiayn.feedforward import FeedForward
 from aiayn.models.heads import OutputProjection
 
 VOCAB = inference_linear.PACKED_MIN_OUTPUTS  # vocabulary-sized: the output projection's few-row paths
-
-
-@contextlib.contextmanager
-def threads(count: int):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 @pytest.fixture
