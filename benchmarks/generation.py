@@ -9,8 +9,8 @@ The aiayn side is ``aiayn.decoding`` when that package provides the function, el
 the static cache written below (``greedy_loop`` / ``beam_loop``); ``aiayn+compile`` is the same
 ``generate`` with ``compile=True`` (each decoding step one ``torch.compile`` graph; the time of its
 first call, compilation included, is reported; its peak memory includes what compiling leaves
-resident: inductor's modules and generated code). ``aiayn-uncopied`` (greedy batch 8 and beam search) is
-``aiayn`` with the derived weight copies of decoding steps switched off
+resident: inductor's modules and generated code). ``aiayn-uncopied`` (greedy batch 8 and beam
+search) is ``aiayn`` with the derived weight copies of decoding steps switched off
 (``aiayn.inference_linear.small_rows_enabled = False``): the memory-lean setting, with its own peak
 memory, since the copies (~20 MiB here) are what puts the default above HF's memory in these rows.
 
@@ -29,7 +29,8 @@ from common import alternate, memory_main, peak_rss_subprocess, setup
 from peers import aiayn_from_hf, hf_gpt2, hf_marian
 
 PROMPT, NEW = 16, 256
-MEMORY_SIDES = ("aiayn", "aiayn-uncopied", "aiayn+compile", "hf")  # each its own peak-memory process
+# the sides whose peak memory is measured, each in its own process
+MEMORY_SIDES = ("aiayn", "aiayn-uncopied", "aiayn+compile", "hf")
 SOURCE, BEAM_NEW, BEAM_BATCH, BEAMS = 32, 32, 4, 4
 
 

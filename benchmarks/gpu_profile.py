@@ -8,8 +8,9 @@ Sides, each a bf16-autocast training step (forward + backward + AdamW) as in ``g
 the chunked loss's CPU path: unpadded rows, six elementwise passes), ``aiayn-logits`` (the same
 model through the plain logits + ``F.cross_entropy`` path, to separate the loss from the layers),
 ``aiayn-chunk4096`` (the chunked loss at 4096 rows a chunk instead of the default 1024: fewer kernel
-launches for the host-bound step) and ``nanogpt``. First checks the chunked loss's value and gradients against the logits path's, and
-both against the float32 logits path (``check_gradients``), then prints the step medians
+launches for the host-bound step) and ``nanogpt``. First checks the chunked loss's value and
+gradients against the logits path's, and both against the float32 logits path
+(``check_gradients``), then prints the step medians
 (alternating rounds), then for each side the kernels that take the most device time in
 ``--profile-steps`` steps (torch.profiler), and writes it all as text.
 """
@@ -31,7 +32,7 @@ from lm_train import aiayn_loss, make_step, peer_loss  # noqa: E402
 from peers import NanoGPT, aiayn_from_hf, hf_gpt2  # noqa: E402
 
 
-# The plain path: the (B, T, V) logits, then F.cross_entropy in float32 (as aiayn's losses compute it).
+# The plain path: the (B, T, V) logits, then F.cross_entropy in float32 (as aiayn's losses do).
 logits_loss = peer_loss(lambda model, ids: model(ids).float())
 
 
@@ -77,7 +78,8 @@ def gradients(model, loss_of, inputs, targets, device, *, autocast: bool = True)
 
 
 def compare(label: str, a, b) -> str:
-    """Two (loss, gradients) results: each tensor's largest difference relative to its largest entry."""
+    """Two (loss, gradients) results: each tensor's largest difference relative to its largest
+    entry."""
     (loss_a, grads_a), (loss_b, grads_b) = a, b
     relative = sorted((((grads_a[n] - grads_b[n]).abs().max()
                         / grads_b[n].abs().max().clamp_min(1e-30)).item(), n) for n in grads_b)
@@ -126,7 +128,8 @@ def build(shapes, device):
     nano = NanoGPT(**gpt2).train().to(device)
     sides["nanogpt"] = make_step(nano, peer_loss(lambda m, x: m(x)), inputs, targets,
                                  peer_optimizer(nano, fused=device.type == "cuda"))
-    return {name: synced(under_autocast(step, device), device) for name, step in sides.items()}, checks
+    steps = {name: synced(under_autocast(step, device), device) for name, step in sides.items()}
+    return steps, checks
 
 
 def main(argv: list[str]) -> None:

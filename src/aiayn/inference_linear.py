@@ -38,9 +38,9 @@ vocabulary-major product is faster).
 
 Where no copy is made and oneDNN's uncopied products are off (AVX2), products of 2..8 rows (such
 steps, and a prompt's or a sentence's forward of that few tokens) split the weight, as it is, across
-the threads (``split_rows``: one batched product over row blocks of the
-weight, 1.12-1.16x whole greedy generations at batch 4 / 8 against MKL's GEMM, which repacks the
-whole matrix on every call); the output projection at 6..12 rows.
+the threads (``split_rows``: one batched product over row blocks of the weight, 1.12-1.16x whole
+greedy generations at batch 4 / 8 against MKL's GEMM, which repacks the whole matrix on every
+call); the output projection at 6..12 rows.
 
 At one row with 2+ threads every product (layers and output projection) is ``split_gemv`` instead:
 MKL runs a lone GEMV on one thread, so the weight, unchanged and uncopied, is multiplied as P

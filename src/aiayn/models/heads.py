@@ -63,9 +63,10 @@ class OutputProjection(nn.Module):
                 if (rows >= self.UNCOPIED_MIN_ROWS
                         and inference_linear.uses_uncopied_step(hidden, self.weight)):
                     return inference_linear.uncopied_step_linear(hidden, self.weight, self.bias)
-                if self.SPLIT_ROWS[0] <= rows:
+                split_low, split_high = self.SPLIT_ROWS
+                if split_low <= rows <= split_high:
                     parts = inference_linear.split_rows_parts(hidden, self.weight,
-                                                              max_rows=self.SPLIT_ROWS[1])
+                                                              max_rows=split_high)
                     if parts > 1:
                         return inference_linear.split_rows(hidden, self.weight, self.bias, parts)
                 return self._vocabulary_major(hidden, rows)
