@@ -187,29 +187,25 @@ def train(task: str, c: Ctx, *data: Path | str, extra: tuple[str, ...] = ()) -> 
 # --- data files: every task that reads files -------------------------------------------------------
 BINARY = b"good line\tgut\n\xff\xfe\x00binary\tjunk\n"
 GZIPPED = __import__("gzip").compress(b"text\tlabel\n" + b"some words\tnet\n" * 200)
-for task, missing, empty, directory, binary in [
-        ("translation", "data file not found", "the data file is empty", "is a directory",
-         "bad.bin:2: not valid UTF-8"),
-        ("lm", "text file not found", "is empty", "is a directory", "bad.bin:2:1: not UTF-8"),
-        ("classification", "data file not found", "is empty", "is a directory",
-         "bad.bin, line 2: not UTF-8"),
-        ("mlm", "text file not found", "is empty", "is a directory", "bad.bin, line 2: not UTF-8")]:
+# Every task reads through aiayn.data.text_files: one message format (path:line: / path:).
+for task, missing in [("translation", "data file not found"), ("lm", "text file not found"),
+                      ("classification", "data file not found"), ("mlm", "text file not found")]:
     cli(f"data-{task}-missing", lambda c, t=task: train(t, c, c.tmp / "nope.txt"),
-        missing, "nope.txt")
+        "nope.txt: ", missing)
     cli(f"data-{task}-empty", lambda c, t=task: train(t, c, c.file("empty.txt", "")),
-        "empty.txt", empty)
+        "empty.txt: the file is empty")
     cli(f"data-{task}-blank-lines-only",
         lambda c, t=task: train(t, c, c.file("blank.txt", "  \n\n \t\n")), "blank.txt")
     cli(f"data-{task}-directory", lambda c, t=task: train(t, c, c.dir("corpus")),
-        "corpus", directory)
+        "corpus: is a directory")
     cli(f"data-{task}-binary", lambda c, t=task: train(t, c, c.file("bad.bin", BINARY)),
-        binary, "UTF-8")
+        "bad.bin:2: not UTF-8 text (byte 0xff at column 1)")
     cli(f"data-{task}-gz-that-is-not-gzip",
         lambda c, t=task: train(t, c, c.file("plain.txt.gz", "plain text\tnot gzip\n")),
-        "plain.txt.gz", "Not a gzipped file")
+        "plain.txt.gz: not a valid gzip file", "Not a gzipped file")
     cli(f"data-{task}-truncated-gz",
         lambda c, t=task: train(t, c, c.file("cut.txt.gz", GZIPPED[:len(GZIPPED) // 2])),
-        "cut.txt.gz", "ended before the end-of-stream marker")
+        "cut.txt.gz: not a valid gzip file", "ended before the end-of-stream marker")
 
 cli("data-translation-wrong-field-count",
     lambda c: train("translation", c, c.file("f.tsv", "a b\tc d\njust one field\n")),
@@ -222,7 +218,7 @@ cli("data-translation-empty-target",
     "t.tsv:2: empty target text")
 cli("data-translation-two-files-unaligned",
     lambda c: train("translation", c, c.file("src.txt", "a\nb\nc\n"), c.file("tgt.txt", "a\nb\n")),
-    "src.txt has 3 lines but", "tgt.txt has 2", "line-aligned")
+    "src.txt: has 3 lines but", "tgt.txt has 2", "line-aligned")
 cli("data-translation-two-files-binary-target",
     lambda c: train("translation", c, c.file("src.txt", "a\nb\n"), c.file("tgt.bin", b"a\n\xff\n")),
     "tgt.bin:2", "UTF-8")
@@ -234,13 +230,13 @@ cli("data-translation-absurdly-long-line",
     "long.tsv: no training pair is within max_length=128", "--max-length")
 cli("data-classification-wrong-field-count",
     lambda c: train("classification", c, c.file("f.tsv", "text\tlabel\nfine\tnet\nno label\n")),
-    "f.tsv, line 3: expected 2 tab-separated fields")
+    "f.tsv:3: expected 2 tab-separated fields")
 cli("data-classification-empty-label",
     lambda c: train("classification", c, c.file("l.tsv", "text\tlabel\nhello\t\nworld\tnet\n")),
-    "l.tsv, line 2: empty label")
+    "l.tsv:2: empty label")
 cli("data-classification-empty-text",
     lambda c: train("classification", c, c.file("e.tsv", "text\tlabel\n\tnet\nworld\tnet\n")),
-    "e.tsv, line 2", "empty text")
+    "e.tsv:2: empty text")
 cli("data-classification-one-label-only",
     lambda c: train("classification", c, c.file("one.tsv", "".join(
         f"text number {i}\tnet\n" for i in range(30)))), "one.tsv", "at least 2 labels", "'net'")
@@ -251,13 +247,13 @@ cli("data-mlm-single-text",
     lambda c: train("mlm", c, c.file("one.txt", "just one text\n")), "one.txt", "at least 2 texts")
 cli("data-mlm-tsv-wrong-field-count",
     lambda c: train("mlm", c, c.file("m.tsv", "text\tlabel\nhello\tx\nonly\n")),
-    "m.tsv, line 3: expected 2 tab-separated fields")
+    "m.tsv:3: expected 2 tab-separated fields")
 cli("data-translation-split-column-without-train-rows",
     lambda c: train("translation", c, c.file("s.tsv", "en\tde\tsplit\na\tb\ttest\nc\td\ttest\n")),
     "s.tsv: no training pairs")
 cli("data-mlm-tsv-without-text-column",
     lambda c: train("mlm", c, c.file("t.tsv", "body\tlabel\nhello\tx\n")),
-    "t.tsv, line 1", "'text' column")
+    "t.tsv:1: a TSV corpus needs a header row naming a 'text' column")
 cli("data-lm-text-shorter-than-a-block",
     lambda c: train("lm", c, c.file("short.txt", "tiny text\n")), "short.txt")
 cli("data-classification-evaluate-unseen-label",
@@ -277,10 +273,10 @@ def stdin(c: Ctx, data: bytes, argv: list[str]) -> list[str]:
 
 cli("data-translate-stdin-not-utf8",
     lambda c: stdin(c, b"the cat\n\xff\xfe sat\n", ["translate", str(c.run("translation"))]),
-    "stdin, line 2: not UTF-8")
+    "stdin:2: not UTF-8")
 cli("data-classify-stdin-not-utf8",
     lambda c: stdin(c, b"http server\n\xff\n", ["classify", str(c.run("classification"))]),
-    "stdin, line 2: not UTF-8")
+    "stdin:2: not UTF-8")
 cli("data-translate-beam-zero",
     lambda c: stdin(c, b"the cat\n", ["translate", str(c.run("translation")), "--beam", "0"]),
     "argument --beam: must be a positive integer, got '0'", code=2)
@@ -687,6 +683,6 @@ def test_long_lines_are_answered_and_lines_before_a_bad_one_are_kept(command, ru
     capsys.readouterr()
     assert main([command, str(run_dir)]) == 1
     captured = capsys.readouterr()
-    assert "stdin, line 3: not UTF-8" in captured.err and "Traceback" not in captured.err
+    assert "stdin:3: not UTF-8" in captured.err and "Traceback" not in captured.err
     assert len(captured.out.splitlines()) == 2  # lines 1 and 2 answered
     assert tree_digest(run_dir) == before

@@ -90,7 +90,7 @@ def test_classify_rejects_bad_stdin(run_dir):
     result = subprocess.run([sys.executable, "-m", "aiayn", "classify", str(run_dir)],
                             input=b"network\n\xff\xfe bad\n", capture_output=True)
     assert result.returncode == 1
-    assert "stdin, line 2: not UTF-8" in result.stderr.decode()
+    assert "stdin:2: not UTF-8" in result.stderr.decode()
     assert result.stdout.decode().startswith("net\t")  # line 1 was answered before the error
 
 
@@ -114,7 +114,7 @@ def test_bad_training_data_is_a_clear_error(tmp_path, capsys):
     path.write_text("one\tx\ntwo\n", encoding="utf-8")
     assert main(["train", "classification", "--data", str(path), "--out",
                  str(tmp_path / "run"), *FAST]) == 1
-    assert "bad.tsv, line 2: expected 2 tab-separated fields" in capsys.readouterr().err
+    assert "bad.tsv:2: expected 2 tab-separated fields" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -45,15 +45,15 @@ def test_split_column_and_gzip(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("", "is empty"),
-    ("\n\n", "is empty"),
-    ("text\tlabel\n", "has a header but no rows"),
-    ("a\tx\nb\n", r"line 2: expected 2 tab-separated fields \(text<TAB>label\), got 1"),
-    ("a\tx\nb\ty\tz\n", "line 2: expected 2 tab-separated fields"),
-    ("text\tlabel\tpackage\na\tx\n", "line 2: expected 3 tab-separated fields"),
-    ("a\tx\n  \ty\n", "line 2: empty text"),
-    ("a\tx\nb\t \n", "line 2: empty label"),
-    ("text\tlabel\tsplit\na\tx\tdev\n", "line 2: unknown split 'dev'"),
+    ("", "bad.tsv: the file is empty"),
+    ("\n\n", "bad.tsv: the file is empty"),
+    ("text\tlabel\n", "bad.tsv: the file has a header but no rows"),
+    ("a\tx\nb\n", r"bad.tsv:2: expected 2 tab-separated fields \(text<TAB>label\), got 1"),
+    ("a\tx\nb\ty\tz\n", "bad.tsv:2: expected 2 tab-separated fields"),
+    ("text\tlabel\tpackage\na\tx\n", "bad.tsv:2: expected 3 tab-separated fields"),
+    ("a\tx\n  \ty\n", "bad.tsv:2: empty text"),
+    ("a\tx\nb\t \n", "bad.tsv:2: empty label"),
+    ("text\tlabel\tsplit\na\tx\tdev\n", "bad.tsv:2: unknown split 'dev'"),
 ])
 def test_malformed_files_name_the_problem_and_line(tmp_path, content, message):
     path = write(tmp_path / "bad.tsv", content)
@@ -64,7 +64,7 @@ def test_malformed_files_name_the_problem_and_line(tmp_path, content, message):
 
 def test_non_utf8_names_file_and_line(tmp_path):
     path = write(tmp_path / "latin1.tsv", "ok\tx\n".encode() + "caf\u00e9\ty\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"latin1.tsv, line 2: not UTF-8 text \(byte 0xe9"):
+    with pytest.raises(ValueError, match=r"latin1.tsv:2: not UTF-8 text \(byte 0xe9"):
         read_labelled_tsv(path)
 
 

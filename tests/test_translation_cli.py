@@ -38,7 +38,7 @@ def test_missing_and_empty_data_files(tmp_path, capsys):
     assert "data file not found" in capsys.readouterr().err
     (tmp_path / "empty.tsv").write_text("")
     assert main(train_args(tmp_path / "empty.tsv", tmp_path / "run")) == 1
-    assert "empty.tsv: the data file is empty" in capsys.readouterr().err
+    assert "empty.tsv: the file is empty" in capsys.readouterr().err
 
 
 def test_malformed_line_names_file_and_line(tmp_path, capsys):

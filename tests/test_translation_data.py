@@ -47,7 +47,7 @@ def test_two_aligned_files(tmp_path):
 
 
 @pytest.mark.parametrize("text,message", [
-    ("", "the data file is empty"),
+    ("", "a.tsv: the file is empty"),
     ("\n\n", "no sentence pairs"),
     ("a\tb\nonly one field\n", r"a.tsv:2: expected at least 2 tab-separated fields"),
     ("a\tb\n\tb\n", r"a.tsv:2: empty source text"),
@@ -63,7 +63,7 @@ def test_missing_file_and_bad_encoding(tmp_path):
         read_tsv(tmp_path / "nope.tsv")
     path = tmp_path / "bad.tsv"
     path.write_bytes(b"a\tb\n\xff\xfe\tc\n")
-    with pytest.raises(ValueError, match=r"bad.tsv:2: not valid UTF-8"):
+    with pytest.raises(ValueError, match=r"bad.tsv:2: not UTF-8 text \(byte 0xff at column 1\)"):
         read_tsv(path)
 
 

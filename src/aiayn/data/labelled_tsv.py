@@ -7,7 +7,8 @@ Format (UTF-8, optionally gzip-compressed, no quoting, no tabs inside fields):
   as many fields as the header, extra columns (e.g. ``package``) are ignored, and a ``split`` column,
   when present, assigns each row to ``train``, ``valid`` or ``test``.
 
-Blank lines are skipped. Every error names the file and the line.
+Blank lines are skipped. The file is read through ``aiayn.data.text_files`` (errors as
+``path:line: message``); this module only parses the columns.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.data.text_files import read_lines
+from aiayn.data.text_files import data_error, read_lines
 
 SPLITS = ("train", "valid", "test")
 
@@ -76,8 +77,8 @@ def read_labelled_tsv(path: str | Path) -> LabelledTexts:
         FileNotFoundError: no such file.
         IsADirectoryError: ``path`` is a directory.
         ValueError: an empty file, a line that is not UTF-8, a row with the wrong number of fields,
-            an empty text or label, an unknown split name, a header without rows (each naming the
-            file and the line).
+            an empty text or label, an unknown split name, a header without rows
+            (``path:line: message``, or ``path: message`` for the whole file).
     """
     source = str(path)
     texts: list[str] = []
@@ -100,27 +101,27 @@ def read_labelled_tsv(path: str | Path) -> LabelledTexts:
         if len(fields) != width:
             expected = ("text<TAB>label" if columns is None
                         else "as many as the header: " + ", ".join(sorted(columns, key=columns.get)))
-            raise ValueError(f"{source}, line {number}: expected {width} tab-separated fields "
-                             f"({expected}), got {len(fields)}")
+            raise data_error(source, f"expected {width} tab-separated fields ({expected}), got "
+                                     f"{len(fields)}", line=number)
         text = fields[columns["text"] if columns else 0].strip()
         label = fields[columns["label"] if columns else 1].strip()
         if not text:
-            raise ValueError(f"{source}, line {number}: empty text")
+            raise data_error(source, "empty text", line=number)
         if not label:
-            raise ValueError(f"{source}, line {number}: empty label")
+            raise data_error(source, "empty label", line=number)
         if columns is not None and "split" in columns:
             split = fields[columns["split"]].strip()
             if split not in SPLITS:
-                raise ValueError(f"{source}, line {number}: unknown split {split!r} (expected one "
-                                 f"of {', '.join(SPLITS)})")
+                raise data_error(source, f"unknown split {split!r} (expected one of "
+                                         f"{', '.join(SPLITS)})", line=number)
             splits.append(split)
         texts.append(text)
         labels.append(label)
         lines.append(number)
     if not seen_first:
-        raise ValueError(f"{source} is empty (expected rows of text<TAB>label)")
+        raise data_error(source, "the file is empty (expected rows of text<TAB>label)")
     if not texts:
-        raise ValueError(f"{source} has a header but no rows")
+        raise data_error(source, "the file has a header but no rows")
     has_split = columns is not None and "split" in columns
     return LabelledTexts(texts=tuple(texts), labels=tuple(labels), lines=tuple(lines),
                          splits=tuple(splits) if has_split else None, source=source)

@@ -1,17 +1,18 @@
 """Parallel corpora: a TSV (``source<TAB>target``, optional header, optional split column) or two
-line-aligned files, with errors naming the file and line, and a reproducible train/valid/test split.
+line-aligned files, and a reproducible train/valid/test split.
 
-Plain or gzip-compressed (``.gz``) UTF-8 text.
+Files are read through ``aiayn.data.text_files`` (plain or ``.gz`` UTF-8, errors as
+``path:line: message``); this module only parses the columns.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from aiayn.data.text_files import data_error, location, read_lines
 
 SPLITS = ("train", "valid", "test")
 # Header names recognised for the text columns, in order of preference.
@@ -27,35 +28,6 @@ class SentencePair:
     origin: str = ""  # "file:line", for messages
 
 
-def _open_binary(path: Path) -> io.BufferedIOBase:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
-def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise FileNotFoundError(f"data file not found: {path}")
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory, expected a data file")
-
-
-def _lines(path: Path) -> Iterable[tuple[int, str]]:
-    """(line number, line without its newline); undecodable bytes are an error naming the line."""
-    _check_file(path)
-    try:
-        # Bytes decoded line by line, so that an encoding error names its line.
-        with _open_binary(path) as handle:
-            for number, raw in enumerate(handle, 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    raise ValueError(f"{path}:{number}: not valid UTF-8 ({error.reason})") \
-                        from None
-                yield number, line.rstrip("\r\n").lstrip("\ufeff") if number == 1 \
-                    else line.rstrip("\r\n")
-    except (OSError, EOFError) as error:  # e.g. a truncated .gz
-        raise ValueError(f"{path}: cannot read ({error})") from None
-
-
 def read_tsv(path: str | Path) -> list[SentencePair]:
     """Sentence pairs of a TSV file.
 
@@ -65,15 +37,15 @@ def read_tsv(path: str | Path) -> list[SentencePair]:
     column (train/valid/test) is kept.
 
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError / IsADirectoryError: no such file / a directory.
         ValueError: empty file, no pairs, a line with fewer fields than needed, an empty text,
-            invalid UTF-8, a bad split value; the message names the file and line.
+            invalid UTF-8, a bad split value (``path:line: message``).
     """
     path = Path(path)
     pairs: list[SentencePair] = []
     source_col, target_col, split_col, width = 0, 1, None, 2
     saw_line = False
-    for number, line in _lines(path):
+    for number, line in read_lines(path):
         if number == 1:
             saw_line = True
             names = [name.strip().lower() for name in line.split("\t")]
@@ -83,30 +55,30 @@ def read_tsv(path: str | Path) -> list[SentencePair]:
                 split_col = names.index("split") if "split" in names else None
                 width = max(source_col, target_col, split_col or 0) + 1
                 if len(names) < 2 or source_col == target_col:
-                    raise ValueError(f"{path}:1: header {line!r} needs a source and a target "
-                                     f"column")
+                    raise data_error(path, f"header {line!r} needs a source and a target column",
+                                     line=1)
                 continue
         if not line.strip():
             continue  # blank lines (e.g. a trailing newline) carry no pair
         fields = line.split("\t")
         if len(fields) < width:
-            raise ValueError(f"{path}:{number}: expected at least {width} tab-separated fields, "
-                             f"found {len(fields)} in {_preview(line)}")
+            raise data_error(path, f"expected at least {width} tab-separated fields, found "
+                                   f"{len(fields)} in {_preview(line)}", line=number)
         source, target = fields[source_col].strip(), fields[target_col].strip()
         if not source or not target:
             side = "source" if not source else "target"
-            raise ValueError(f"{path}:{number}: empty {side} text in {_preview(line)}")
+            raise data_error(path, f"empty {side} text in {_preview(line)}", line=number)
         split = None
         if split_col is not None:
             split = fields[split_col].strip()
             if split not in SPLITS:
-                raise ValueError(f"{path}:{number}: split must be one of {list(SPLITS)}, got "
-                                 f"{split!r}")
-        pairs.append(SentencePair(source, target, split, f"{path}:{number}"))
+                raise data_error(path, f"split must be one of {list(SPLITS)}, got {split!r}",
+                                 line=number)
+        pairs.append(SentencePair(source, target, split, location(path, number)))
     if not saw_line:
-        raise ValueError(f"{path}: the data file is empty")
+        raise data_error(path, "the file is empty")
     if not pairs:
-        raise ValueError(f"{path}: no sentence pairs found")
+        raise data_error(path, "no sentence pairs found")
     return pairs
 
 
@@ -114,18 +86,19 @@ def read_aligned(source_path: str | Path, target_path: str | Path) -> list[Sente
     """Sentence pairs from two line-aligned files (line i of one translates line i of the other).
 
     Raises:
-        FileNotFoundError: a file is missing.
-        ValueError: empty files, different line counts, an empty line on one side only.
+        FileNotFoundError / IsADirectoryError: a file is missing / a directory.
+        ValueError: empty files, different line counts, an empty line on one side only, invalid
+            UTF-8 (``path:line: message``).
     """
     source_path, target_path = Path(source_path), Path(target_path)
-    sources = list(_lines(source_path))
-    targets = list(_lines(target_path))
+    sources = list(read_lines(source_path))
+    targets = list(read_lines(target_path))
     for path, lines in ((source_path, sources), (target_path, targets)):
         if not lines:
-            raise ValueError(f"{path}: the data file is empty")
+            raise data_error(path, "the file is empty")
     if len(sources) != len(targets):
-        raise ValueError(f"{source_path} has {len(sources)} lines but {target_path} has "
-                         f"{len(targets)}; the files must be line-aligned")
+        raise data_error(source_path, f"has {len(sources)} lines but {target_path} has "
+                                      f"{len(targets)}; the files must be line-aligned")
     pairs = []
     for (number, source), (_, target) in zip(sources, targets):
         source, target = source.strip(), target.strip()
@@ -133,10 +106,10 @@ def read_aligned(source_path: str | Path, target_path: str | Path) -> list[Sente
             continue
         if not source or not target:
             path = source_path if not source else target_path
-            raise ValueError(f"{path}:{number}: empty line opposite a non-empty one")
-        pairs.append(SentencePair(source, target, None, f"{source_path}:{number}"))
+            raise data_error(path, "empty line opposite a non-empty one", line=number)
+        pairs.append(SentencePair(source, target, None, location(source_path, number)))
     if not pairs:
-        raise ValueError(f"{source_path}: no sentence pairs found")
+        raise data_error(source_path, "no sentence pairs found")
     return pairs
 
 

@@ -1,5 +1,5 @@
-"""Plain text for language modelling: reading with clear errors, a character vocabulary, the
-train/valid split and contiguous blocks.
+"""Plain text for language modelling: reading (through ``aiayn.data.text_files``), a character
+vocabulary, the train/valid split and contiguous blocks.
 
 A character vocabulary is the sorted set of characters of the training text (nanoGPT's
 ``shakespeare_char`` preparation), so ids are stable for a given text and the vocabulary is small
@@ -17,39 +17,22 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
+from aiayn.data.text_files import data_error, read_lines
+
 
 def read_text(path: str | Path) -> str:
-    """The whole UTF-8 text of ``path`` (gzip-compressed if its name ends in ``.gz``).
+    """The whole UTF-8 text of ``path`` (gzip-compressed if its name ends in ``.gz``), every
+    character kept (line ends included) except a leading byte-order mark.
 
     Raises:
         FileNotFoundError: no such file.
         IsADirectoryError: ``path`` is a directory.
-        ValueError: the file is empty (or only whitespace), or not UTF-8 (names line and column).
+        ValueError: the file is empty (or only whitespace), not UTF-8 (``path:line: ...``), or a
+            ``.gz`` file that is not gzip.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory; give a plain text file")
-    if not path.exists():
-        raise FileNotFoundError(f"text file not found: {path}")
-    data = path.read_bytes()
-    if path.suffix == ".gz":  # the bundled corpus is gzip-compressed
-        import gzip
-
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as error:
-            raise ValueError(f"{path}: not a valid gzip file ({error})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
-        raise ValueError(f"{path}:{line}:{column}: not UTF-8 (byte 0x{data[error.start]:02x}); "
-                         f"convert the file to UTF-8") from None
-    if text.startswith("\ufeff"):  # a UTF-8 byte order mark is not text
-        text = text[1:]
+    text = "".join(line for _, line in read_lines(path, what="text file", keep_ends=True))
     if not text.strip():
-        raise ValueError(f"{path} is empty; a language model needs text to learn from")
+        raise data_error(path, "the file is empty; a language model needs text to learn from")
     return text
 
 
@@ -90,15 +73,16 @@ class CharVocabulary:
         """Ids of the characters of ``text``.
 
         Raises:
-            ValueError: a character outside the vocabulary (names ``source``, line and column).
+            ValueError: a character outside the vocabulary (``source:line: ...``, with the column).
         """
         try:
             return [self.index[char] for char in text]
         except KeyError as error:
             char = error.args[0]
             line, column = _line_of(text, text.index(char))
-            raise ValueError(f"{source}:{line}:{column}: character {char!r} is not in the model's "
-                             f"vocabulary of {len(self)} characters") from None
+            raise data_error(source, f"character {char!r} is not in the model's vocabulary of "
+                                     f"{len(self)} characters (column {column})",
+                             line=line) from None
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self.symbols[i] for i in ids)

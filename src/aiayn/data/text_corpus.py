@@ -1,14 +1,15 @@
 """Unlabelled texts for masked-LM pretraining: one text per non-blank line of a UTF-8 file.
 
 A ``.tsv`` / ``.tsv.gz`` file with a header naming a ``text`` column contributes that column (so the
-labelled classification data can be pretrained on without its labels). Errors name the file and line.
+labelled classification data can be pretrained on without its labels). The file is read through
+``aiayn.data.text_files`` (errors as ``path:line: message``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from aiayn.data.text_files import read_lines
+from aiayn.data.text_files import data_error, read_lines
 
 
 def read_texts(path: str | Path) -> tuple[str, ...]:
@@ -33,18 +34,18 @@ def read_texts(path: str | Path) -> tuple[str, ...]:
                 first = False
                 names = [field.strip().lower() for field in fields]
                 if "text" not in names:
-                    raise ValueError(f"{path}, line {number}: a TSV corpus needs a header row "
-                                     f"naming a 'text' column")
+                    raise data_error(path, "a TSV corpus needs a header row naming a 'text' "
+                                           "column", line=number)
                 column, width = names.index("text"), len(fields)
                 continue
             if len(fields) != width:
-                raise ValueError(f"{path}, line {number}: expected {width} tab-separated fields "
-                                 f"like the header, got {len(fields)}")
+                raise data_error(path, f"expected {width} tab-separated fields like the header, "
+                                       f"got {len(fields)}", line=number)
             text = fields[column].strip()
         else:
             text = line.strip()
         if text:
             texts.append(text)
     if not texts:
-        raise ValueError(f"{path} is empty (no text lines)")
+        raise data_error(path, "the file is empty (no text lines)")
     return tuple(texts)
