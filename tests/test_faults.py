@@ -11,6 +11,7 @@ one kill lands deliberately inside a checkpoint write; the others land at seeded
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 import os
 import random
@@ -32,7 +33,13 @@ from aiayn.training.checkpoint import list_checkpoints, read_checkpoint, read_te
 from aiayn.training.run import load_run, read_run_info
 from test_training import ReverseTask, tiny_config, training_config
 
-TEXT = Path("/work/shared/data/shakespeare_tiny.txt")
+# The bundled tiny Shakespeare (data/README.md); the runs here train on its first 3000 characters.
+SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "shakespeare_tiny.txt.gz"
+
+
+def opening_text(chars: int = 3000) -> str:
+    with gzip.open(SHAKESPEARE, "rt", encoding="utf-8") as handle:
+        return handle.read(chars)
 
 # A launcher for `python -m aiayn`: deterministic algorithms, and (FAULT_PAUSE=ops:prefix:index)
 # a pause before the index-th rename/replace (0-based) whose target name starts with prefix, after
@@ -134,7 +141,7 @@ def tensors_equal(a: Path, b: Path) -> None:
 @pytest.mark.slow
 def test_sigkill_at_random_points_resumes_to_bit_identical_weights(tmp_path):
     text = tmp_path / "tiny.txt"
-    text.write_text(TEXT.read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    text.write_text(opening_text(), encoding="utf-8")
     launcher = tmp_path / "launch.py"
     launcher.write_text(LAUNCHER)
     env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -296,7 +303,7 @@ def test_file_size_limit_in_a_real_write_is_a_clear_cli_error(tmp_path):
     """The real writer (safetensors' Rust code) running into a file size limit (RLIMIT_FSIZE:
     what a full disk looks like to the writer, EFBIG instead of ENOSPC) in `aiayn train`."""
     text = tmp_path / "tiny.txt"
-    text.write_text(TEXT.read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    text.write_text(opening_text(), encoding="utf-8")
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "aiayn", *lm_command(text, run_dir)]
     command[command.index("--steps") + 1] = "8"
@@ -380,7 +387,7 @@ def test_nonfinite_policy_on_the_command_line(tmp_path, capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--nonfinite {skip,raise}" in help_text and "non-finite" in help_text
     text = tmp_path / "tiny.txt"
-    text.write_text(TEXT.read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    text.write_text(opening_text(), encoding="utf-8")
     threads = torch.get_num_threads()
     try:
         for policy in ("raise", "skip"):

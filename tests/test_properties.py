@@ -6,6 +6,7 @@ Example counts stay modest (see SETTINGS) so the file runs in seconds.
 
 from __future__ import annotations
 
+import gzip
 import random
 import unicodedata
 from pathlib import Path
@@ -26,7 +27,8 @@ from aiayn.training.schedules import Schedule, noam, warmup_cosine
 
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
-DATA = Path("/work/shared/data/mt_en_de_sentences.tsv")
+# The bundled English-German pairs (data/README.md); the first 399 are the corpus below.
+DATA = Path(__file__).resolve().parents[1] / "data" / "ddtp_en_de.tsv.gz"
 
 
 # --- masks ----------------------------------------------------------------------------------------
@@ -172,7 +174,8 @@ def test_collate_and_pad_right_keep_every_token(sources, data):
 # --- tokenizers -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpus():
-    lines = DATA.read_text(encoding="utf-8").splitlines()[1:400]
+    with gzip.open(DATA, "rt", encoding="utf-8") as handle:
+        lines = [next(handle).rstrip("\n") for _ in range(400)][1:]  # past the header
     return [part for line in lines for part in line.split("\t")[:2]]
 
 
