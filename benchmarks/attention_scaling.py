@@ -41,10 +41,10 @@ HEADS, HEAD_DIM = 8, 64
 
 
 def build_kernel(name: str, chunk_size: int, window: int, stride: int, stride_count: int):
-    from aiayn.attention.chunked import ChunkedAttention
-    from aiayn.attention.kernels import FusedAttention, ReferenceAttention
-    from aiayn.attention.linear import LinearAttention
-    from aiayn.attention.sparse import SparseAttention
+    from aiayn.nn.attention.chunked import ChunkedAttention
+    from aiayn.nn.attention.kernels import FusedAttention, ReferenceAttention
+    from aiayn.nn.attention.linear import LinearAttention
+    from aiayn.nn.attention.sparse import SparseAttention
 
     return {
         "reference": lambda: ReferenceAttention(),

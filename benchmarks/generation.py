@@ -5,14 +5,11 @@
 - beam search (4 beams) on the encoder-decoder (the Marian of seq2seq_train.py), batch 4 sources of 32
   tokens, 32 new tokens, no end-of-sentence (fixed length on both sides): new tokens/s per source.
 
-The aiayn side is ``aiayn.decoding`` when that package provides the function, else the plain loop over
-the static cache written below (``greedy_loop`` / ``beam_loop``); ``aiayn+compile`` is the same
-``generate`` with ``compile=True`` (each decoding step one ``torch.compile`` graph; the time of its
-first call, compilation included, is reported; its peak memory includes what compiling leaves
-resident: inductor's modules and generated code). ``aiayn-uncopied`` (greedy batch 8 and beam
-search) is ``aiayn`` with the derived weight copies of decoding steps switched off
-(``aiayn.inference_linear.small_rows_enabled = False``): the memory-lean setting, with its own peak
-memory, since the copies (~20 MiB here) are what puts the default above HF's memory in these rows.
+The aiayn side is ``aiayn.decoding.generation.generate`` (greedy) and the fixed-length beam loop over
+the static cache written below (``beam_loop``); ``aiayn-loop`` is the plain greedy loop below;
+``aiayn+compile`` runs the decoding steps of an ``aiayn.fast`` engine (each step one ``torch.compile``
+graph; the time of its first call, compilation included, is reported; its peak memory includes what
+compiling leaves resident: inductor's modules and generated code).
 
     python3 benchmarks/generation.py
 """
@@ -30,7 +27,7 @@ from peers import aiayn_from_hf, hf_gpt2, hf_marian
 
 PROMPT, NEW = 16, 256
 # the sides whose peak memory is measured, each in its own process
-MEMORY_SIDES = ("aiayn", "aiayn-uncopied", "aiayn+compile", "hf")
+MEMORY_SIDES = ("aiayn", "aiayn+compile", "hf")
 SOURCE, BEAM_NEW, BEAM_BATCH, BEAMS = 32, 32, 4, 4
 
 
@@ -53,19 +50,18 @@ def greedy_loop(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def beam_loop(model, src: torch.Tensor, beams: int, new_tokens: int, *,
-              compile: bool = False) -> torch.Tensor:
+              step=None) -> torch.Tensor:
     """Fixed-length beam search (no EOS): the best of ``beams`` hypotheses per source, (B, 1 + new).
 
     The cache shares each source's cross-attention keys/values among its beams (``rows_per_memory``),
     so the memory is encoded, projected and kept once per source and never reordered; the self-attention
     cache reorders in place. Tokens and back-pointers go into preallocated (steps, B*K) buffers and
-    the best hypothesis is traced back once at the end, so a step appends nothing. ``compile``: the
-    steps after the first through ``aiayn.decoding.beam.compiled_decoder_step``.
+    the best hypothesis is traced back once at the end, so a step appends nothing. ``step``: runs the
+    steps after the first (default ``aiayn.decoding.greedy.decoder_step``).
     """
-    from aiayn.decoding.beam import compiled_decoder_step, decoder_step
-    from aiayn.decoding.top_k import top_k
+    from aiayn.decoding.greedy import decoder_step
 
-    step_logits = compiled_decoder_step() if compile else decoder_step
+    step_logits = step or decoder_step
     batch = src.shape[0]
     config = model.config
     memory = model.encode(src)  # (B, S, D), once per source
@@ -76,18 +72,16 @@ def beam_loop(model, src: torch.Tensor, beams: int, new_tokens: int, *,
     chosen = torch.empty(new_tokens, batch * beams, dtype=torch.long)  # token of each row per step
     parents = torch.empty(new_tokens, batch * beams, dtype=torch.long)  # row it extends
     offsets = (torch.arange(batch) * beams)[:, None]  # (B, 1)
-    for step in range(new_tokens):
-        logits = (model.decode(tokens, memory, cache=cache)[:, -1] if step == 0
+    for index in range(new_tokens):
+        logits = (model.decode(tokens, memory, cache=cache)[:, -1] if index == 0
                   else step_logits(model, tokens, None, cache))
-        if step == 0:
-            log_probs = torch.empty_like(logits)  # one buffer for every step, as in beam_search
-        torch.log_softmax(logits, dim=-1, out=log_probs)  # (B*K, V)
+        log_probs = torch.log_softmax(logits, dim=-1)  # (B*K, V)
         vocab = log_probs.shape[-1]
         candidates = log_probs.add_(scores.view(-1, 1)).view(batch, beams * vocab)
-        scores, flat = top_k(candidates, beams)  # (B, K)
+        scores, flat = candidates.topk(beams, dim=-1)  # (B, K)
         origin = (flat // vocab + offsets).view(-1)  # (B*K,) rows that survive
         tokens = (flat % vocab).view(-1, 1)
-        chosen[step], parents[step] = tokens[:, 0], origin
+        chosen[index], parents[index] = tokens[:, 0], origin
         cache.reorder(origin, cross=False)  # beams move within their source: memory is shared
     row = scores.argmax(dim=-1) + offsets[:, 0]  # (B,) best final row per source
     history = torch.empty(batch, new_tokens + 1, dtype=torch.long)
@@ -103,51 +97,31 @@ def _inference(call):
         return call()
 
 
-def _uncopied(call):
-    """``call()`` with the derived weight copies of decoding steps switched off."""
-    from aiayn import inference_linear
+def _engine(model):
+    from aiayn.fast import InferenceOptions, prepare_for_inference
 
-    saved = inference_linear.small_rows_enabled
-    inference_linear.small_rows_enabled = False
-    try:
-        return call()
-    finally:
-        inference_linear.small_rows_enabled = saved
-
-
-def _library_greedy():
-    try:
-        from aiayn.decoding.sampling import generate  # helper `lm`'s implementation, when merged
-    except ImportError:
-        return None
-    return generate
+    return prepare_for_inference(model, InferenceOptions(compile=True))
 
 
 def build_greedy(which: list[str], batch: int) -> dict:
     torch.manual_seed(0)
     hf = hf_gpt2(d_model=256, layers=4, heads=4, vocab=8192, positions=512).eval()
     prompt = torch.randint(1, 8192, (batch, PROMPT))
-    library = _library_greedy()
+    from aiayn.decoding.generation import generate as library
+
     sides = {}
     for name in which:
         if name == "aiayn":
             model = aiayn_from_hf(hf).eval()
-            if library is None:
-                sides[name] = lambda model=model: greedy_loop(model, prompt, NEW)[:, PROMPT:]
-            else:
-                sides[name] = lambda model=model: _inference(lambda: torch.tensor(
-                    library(model, prompt, max_new_tokens=NEW, greedy=True).tokens))
-        elif name == "aiayn+compile":  # each decoding step through torch.compile
-            model = aiayn_from_hf(hf).eval()
             sides[name] = lambda model=model: _inference(lambda: torch.tensor(
-                library(model, prompt, max_new_tokens=NEW, greedy=True, compile=True).tokens))
+                library(model, prompt, max_new_tokens=NEW, greedy=True).tokens))
+        elif name == "aiayn+compile":  # each decoding step through torch.compile
+            engine = _engine(aiayn_from_hf(hf))
+            sides[name] = lambda engine=engine: _inference(lambda: torch.tensor(
+                engine.generate(prompt, max_new_tokens=NEW, greedy=True).tokens))
         elif name == "aiayn-loop":
             model = aiayn_from_hf(hf).eval()
             sides[name] = lambda model=model: greedy_loop(model, prompt, NEW)[:, PROMPT:]
-        elif name == "aiayn-uncopied":
-            model = aiayn_from_hf(hf).eval()
-            sides[name] = lambda model=model: _uncopied(lambda: _inference(lambda: torch.tensor(
-                library(model, prompt, max_new_tokens=NEW, greedy=True).tokens)))
         else:
             sides[name] = lambda: hf.generate(
                 prompt, attention_mask=torch.ones_like(prompt), do_sample=False, num_beams=1,
@@ -162,13 +136,13 @@ def build_beam(which: list[str]) -> dict:
     src = torch.randint(3, 8192, (BEAM_BATCH, SOURCE))
     sides = {}
     for name in which:
-        if name in ("aiayn", "aiayn+compile"):
+        if name == "aiayn":
             model = aiayn_from_hf(hf).eval()
-            sides[name] = lambda model=model, compiled=name == "aiayn+compile": beam_loop(
-                model, src, BEAMS, BEAM_NEW, compile=compiled)
-        elif name == "aiayn-uncopied":
-            model = aiayn_from_hf(hf).eval()
-            sides[name] = lambda model=model: _uncopied(lambda: beam_loop(model, src, BEAMS, BEAM_NEW))
+            sides[name] = lambda model=model: beam_loop(model, src, BEAMS, BEAM_NEW)
+        elif name == "aiayn+compile":
+            engine = _engine(aiayn_from_hf(hf))
+            sides[name] = lambda engine=engine: beam_loop(engine.model, src, BEAMS, BEAM_NEW,
+                                                          step=engine.decoder_step)
         else:
             sides[name] = lambda: hf.generate(
                 src, attention_mask=torch.ones_like(src), num_beams=BEAMS, do_sample=False,
@@ -181,11 +155,8 @@ def build_beam(which: list[str]) -> dict:
 def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
     setup()
     rows = []
-    has_library = _library_greedy() is not None
     for batch in (1, 8):
-        names = ["aiayn", "hf"]
-        if has_library:  # one row makes no copies (split products): no "aiayn-uncopied" there
-            names += ["aiayn-loop", "aiayn+compile"] + (["aiayn-uncopied"] if batch > 1 else [])
+        names = ["aiayn", "hf", "aiayn-loop", "aiayn+compile"]
         measured = [name for name in names if name in MEMORY_SIDES]
         sides = build_greedy(names, batch)
         reference = sides["hf"]()
@@ -208,18 +179,18 @@ def run(*, rounds: int = 5, memory: bool = True) -> list[dict]:
                              peer_value=batch * NEW / timing.median("hf"), same_tokens=same[ours],
                              ours_rss=rss.get(ours), peer_rss=rss["hf"],
                              compile_s=first_call[ours] if ours == "aiayn+compile" else None))
-    names = ["aiayn", "hf", "aiayn+compile", "aiayn-uncopied"]
+    names = ["aiayn", "hf", "aiayn+compile"]
     sides = build_beam(names)
     reference = sides["hf"]()[:, : BEAM_NEW + 1]
     same, first_call = {}, {}
-    for name in ("aiayn", "aiayn+compile", "aiayn-uncopied"):
+    for name in ("aiayn", "aiayn+compile"):
         began = time.perf_counter()
         same[name] = torch.equal(sides[name](), reference)
         first_call[name] = time.perf_counter() - began
     timing = alternate(sides, rounds=rounds, warmup=1)
     rss = ({name: peak_rss_subprocess("generation.py", name, ["--beam"])
             for name in MEMORY_SIDES} if memory else {"hf": None})
-    for ours in ("aiayn", "aiayn+compile", "aiayn-uncopied"):
+    for ours in ("aiayn", "aiayn+compile"):
         rows.append(dict(benchmark=f"beam search ({BEAMS} beams)",
                          shape=f"marian d256 3+3 V8192 B{BEAM_BATCH} S{SOURCE} +{BEAM_NEW}",
                          ours=ours, peer="hf-marian", metric="new tokens/s",

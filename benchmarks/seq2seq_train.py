@@ -34,25 +34,27 @@ D_MODEL, HEADS, D_FF, LAYERS, LENGTH, BATCH, VOCAB = 256, 4, 1024, 3, 64, 16, 81
 class TorchSeq2Seq(nn.Module):
     """What a torch user writes: shared embedding * sqrt(D) + sinusoid, nn.Transformer, tied generator."""
 
-    def __init__(self):
+    def __init__(self, *, vocab: int = VOCAB, d_model: int = D_MODEL, heads: int = HEADS,
+                 layers: int = LAYERS, d_ff: int = D_FF):
         super().__init__()
-        self.embedding = nn.Embedding(VOCAB, D_MODEL)
-        self.register_buffer("positions", sinusoid(512, D_MODEL), persistent=False)
-        self.transformer = nn.Transformer(D_MODEL, HEADS, LAYERS, LAYERS, D_FF, dropout=0.0,
+        self.vocab, self.d_model = vocab, d_model
+        self.embedding = nn.Embedding(vocab, d_model)
+        self.register_buffer("positions", sinusoid(512, d_model), persistent=False)
+        self.transformer = nn.Transformer(d_model, heads, layers, layers, d_ff, dropout=0.0,
                                           batch_first=True)
 
     def embed(self, ids: Tensor) -> Tensor:
-        return self.embedding(ids) * math.sqrt(D_MODEL) + self.positions[: ids.shape[1]]
+        return self.embedding(ids) * math.sqrt(self.d_model) + self.positions[: ids.shape[1]]
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], device=tgt.device)
         hidden = self.transformer(self.embed(src), self.embed(tgt), tgt_mask=causal,
                                   tgt_is_causal=True)
         return F.linear(hidden, self.embedding.weight)  # (B, T, V)
 
 
 def aiayn_from_torch(peer: TorchSeq2Seq) -> Transformer:
-    config = config_from_torch(peer.transformer, vocab_size=VOCAB, sinusoid_layout="split",
+    config = config_from_torch(peer.transformer, vocab_size=peer.vocab, sinusoid_layout="split",
                                max_length=512, dropout=0.0)
     model = Transformer(config)
     load_torch_transformer(peer.transformer, model)

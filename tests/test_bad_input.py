@@ -259,7 +259,7 @@ cli("data-lm-text-shorter-than-a-block",
 cli("data-classification-evaluate-unseen-label",
     lambda c: ["evaluate", str(c.run("classification")), "--data",
                str(c.file("u.tsv", "text\tlabel\nhttp server\tnet\nsome words\tcooking\n")),
-               "--split", "all"], "u.tsv, line 3: unknown label 'cooking'")
+               "--split", "all"], "u.tsv:3: unknown label 'cooking'")
 cli("data-lm-evaluate-unseen-character",
     lambda c: ["evaluate", str(c.run("lm")), "--data", str(c.file("z.txt", "First Zebra\n"))],
     "z.txt", "'Z'")
@@ -374,13 +374,13 @@ api("model-mask-not-boolean",
 api("model-past-position-table", lambda c: TransformerEncoder(TINY)(ids(1, 65)), ValueError,
     "65 positions exceeds the position table")
 api("model-generate-token-id-outside-vocabulary",
-    lambda c: __import__("aiayn.decoding.sampling").decoding.sampling.generate(
+    lambda c: __import__("aiayn.decoding.generation").decoding.generation.generate(
         CausalLM(TINY).eval(), [1, 100], max_new_tokens=2), ValueError, "token id 100",
     "outside the vocabulary")
 
 
 def generate_past_cache(c: Ctx) -> Any:
-    from aiayn.decoding.sampling import generate
+    from aiayn.decoding.generation import generate
 
     return generate(CausalLM(TINY).eval(), [1, 2, 3], max_new_tokens=62)
 

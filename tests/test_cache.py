@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from aiayn import CausalLM, Transformer, TransformerConfig
-from aiayn.attention.cache import KVCache
+from aiayn.nn.attention.cache import KVCache
 
 NORMS = [pytest.param(False, id="post-norm"), pytest.param(True, id="pre-norm")]
 
@@ -38,12 +38,12 @@ def test_encoder_decoder_cached_steps_equal_full_forward(norm_first):
     memory = model.encode(src, src_mask)
     cache = model.new_cache(batch=2, max_length=8)
     first = model.decode(tgt[:, :1], memory, memory_padding_mask=src_mask, cache=cache)
-    assert all(kv is not None for kv in cache.cross)  # cross keys/values computed once ...
-    cross_before = [kv[0].data_ptr() for kv in cache.cross]
+    assert all(kv.keys is not None for kv in cache.cross)  # cross keys/values computed once ...
+    cross_before = [kv.keys.data_ptr() for kv in cache.cross]
     # ... and reused: later steps need not even be given the memory.
     rest = [model.decode(tgt[:, t: t + 1], None, memory_padding_mask=src_mask, cache=cache)
             for t in range(1, 8)]
-    assert [kv[0].data_ptr() for kv in cache.cross] == cross_before
+    assert [kv.keys.data_ptr() for kv in cache.cross] == cross_before
     torch.testing.assert_close(torch.cat([first] + rest, dim=1), full, rtol=1e-5, atol=1e-5)
 
 

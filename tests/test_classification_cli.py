@@ -99,7 +99,7 @@ def test_unknown_label_at_evaluation_names_file_line_and_label(run_dir, tmp_path
     path.write_text("network server\tnet\naudio mixer\tscience\n", encoding="utf-8")
     assert main(["evaluate", str(run_dir), "--data", str(path), "--split", "all"]) == 1
     err = capsys.readouterr().err
-    assert "other.tsv, line 2: unknown label 'science'" in err
+    assert "other.tsv:2: unknown label 'science'" in err
 
 
 def test_evaluate_and_classify_reject_runs_of_another_task(tmp_path, capsys):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from aiayn import CausalLM, SequenceClassifier, Transformer, TransformerConfig, TransformerEncoder
-from aiayn.attention import FusedAttention, MultiHeadAttention
+from aiayn.nn.attention import FusedAttention, MultiHeadAttention, SelfAttention
 
 CONFIG = TransformerConfig.preset("tiny")
 
@@ -47,7 +47,7 @@ def ids(*shape):
     (lambda: Transformer(CONFIG).decode(ids(2, 3), torch.randn(2, 4, 31)), ValueError,
      r"memory must have shape \(B, S, D=32\)"),
     (lambda: MultiHeadAttention(30, 4, FusedAttention()), ValueError, "divisible by n_heads"),
-    (lambda: MultiHeadAttention(32, 4, FusedAttention())(torch.randn(2, 3, 16)), ValueError,
+    (lambda: SelfAttention(32, 4, FusedAttention())(torch.randn(2, 3, 16)), ValueError,
      r"\(B, T, D=32\)"),
     (lambda: CausalLM(CONFIG)(ids(2, 3), positions=ids(2, 4)), ValueError, "positions must have"),
     (lambda: SequenceClassifier(CONFIG)(ids(2, 3), padding_mask=torch.ones(3, 3, dtype=torch.bool)),

@@ -157,30 +157,6 @@ def test_bad_beam_arguments():
         beam_search(model, source, mask, alpha=-1.0)
 
 
-@pytest.mark.slow
-def test_compiled_beam_and_greedy_search_give_the_eager_hypotheses_without_graph_breaks():
-    """beam_search / greedy_search(compile=True): the same hypotheses (and scores) as eager, while
-    sentences finish and leave the batch (the compiled step sees the rows shrink), no graph break."""
-    from torch._dynamo.utils import counters
-
-    model, rows = make_model(), make_sources(count=6)
-    source, mask = pad(rows)
-    torch._dynamo.reset()
-    counters.clear()
-    try:
-        eager = beam_search(model, source, mask, beam_size=3, max_extra=8)
-        compiled = beam_search(model, source, mask, beam_size=3, max_extra=8, compile=True)
-        assert [h.tokens for h in compiled] == [h.tokens for h in eager]
-        assert [h.score for h in compiled] == pytest.approx([h.score for h in eager], abs=1e-4)
-        greedy = greedy_search(model, source, mask, max_extra=8)
-        assert [h.tokens for h in greedy_search(model, source, mask, max_extra=8, compile=True)
-                ] == [h.tokens for h in greedy]
-        assert len({len(h.tokens) for h in eager}) > 1  # sentences finished at different steps
-        assert not counters["graph_break"], dict(counters["graph_break"])
-    finally:
-        torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_an_unpadded_batch_decodes_without_a_cross_attention_mask(search, monkeypatch):
     """Without padding the search passes no memory mask to the decoder; the hypotheses and scores

@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from aiayn import CausalLM, TransformerConfig
-from aiayn.attention.kernels import FusedAttention, ReferenceAttention
-from aiayn.decoding.sampling import generate
+from aiayn.nn.attention.kernels import FusedAttention, ReferenceAttention
+from aiayn.decoding.generation import generate
 from aiayn.masks import key_padding_to_attention
 from aiayn.tasks.lm import token_loss
-from aiayn.training import linear_cross_entropy as lce
+from aiayn.training.chunked_loss import chunked_cross_entropy
 from aiayn.training.loss import label_smoothed_cross_entropy
 
 DEVICES = [pytest.param("cpu", id="cpu"),
@@ -85,11 +85,8 @@ def test_greedy_generation_picks_the_full_forwards_argmax(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_chunked_loss_equals_the_plain_loss_under_bf16_autocast(device, smoothing, monkeypatch):
-    """The device's own chunk path (on a GPU: vocabulary padded to 16 bytes, one log_softmax; on
-    the CPU it is forced here) against the logits + cross-entropy path, V = 50 (padded to 56)."""
-    if device == "cpu":
-        monkeypatch.setattr(lce, "aligned_path", True)
+def test_chunked_loss_equals_the_plain_loss_under_bf16_autocast(device, smoothing):
+    """The chunked loss against the logits + cross-entropy path under bf16 autocast, V = 50."""
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(300, 16, generator=generator)
     weight = torch.randn(50, 16, generator=generator)
@@ -100,7 +97,7 @@ def test_chunked_loss_equals_the_plain_loss_under_bf16_autocast(device, smoothin
     targets = targets.to(device)
     with torch.autocast(device, dtype=torch.bfloat16):
         expected = label_smoothed_cross_entropy(F.linear(*plain), targets, smoothing=smoothing)
-        got = lce.linear_cross_entropy(*fused, targets, smoothing=smoothing, chunk=64)
+        got = chunked_cross_entropy(*fused, targets, smoothing=smoothing, chunk=64)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-3)
     expected.backward()
     got.backward()
@@ -128,3 +125,29 @@ def test_a_bf16_autocast_training_step_learns(device):
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_engine_generation_is_greedy_under_the_full_forward(device, compiled):
+    """``aiayn.fast``'s generation (on a GPU: fixed-shape steps replayed from CUDA graphs, compiled
+    or not), same-length and left-padded prompts, twice (the second call replays the captured
+    graphs): every token is the full forward's argmax for its row alone, up to near-ties."""
+    from aiayn.fast import InferenceOptions, prepare_for_inference
+
+    if compiled and device == "cpu":
+        pytest.skip("compiled CPU steps: tests/test_fast_inference.py")
+    torch.manual_seed(0)
+    model = CausalLM(tiny(norm_first=True, n_encoder_layers=0)).to(device).eval()
+    engine = prepare_for_inference(model, InferenceOptions(compile=compiled))
+    assert engine.uses_cuda_graphs() == (device == "cuda")
+    for prompts in ([[5, 6, 7, 8], [9, 10, 11, 12]], [[5, 6, 7, 8], [9, 10]]):
+        for _ in range(2):
+            result = engine.generate(prompts, max_new_tokens=16, greedy=True)
+            for prompt, tokens in zip(prompts, result.tokens):
+                assert len(tokens) == 16
+                ids = torch.tensor([prompt + tokens], device=device)
+                with torch.no_grad():
+                    logits = model(ids)[0, len(prompt) - 1:-1].float()  # (16, V)
+                chosen = logits.gather(1, ids[0, len(prompt):, None])[:, 0]
+                assert torch.all(chosen >= logits.max(dim=-1).values - 1e-3), (prompt, tokens)

@@ -8,10 +8,10 @@ and backward, with padding, right-aligned causal masks (fewer queries than keys)
 import pytest
 import torch
 
-from aiayn.attention.chunked import ChunkedAttention
-from aiayn.attention.kernels import ReferenceAttention
-from aiayn.attention.linear import LinearAttention, feature_map
-from aiayn.attention.sparse import SparseAttention
+from aiayn.nn.attention.chunked import ChunkedAttention
+from aiayn.nn.attention.kernels import ReferenceAttention
+from aiayn.nn.attention.linear import LinearAttention, feature_map
+from aiayn.nn.attention.sparse import SparseAttention
 from aiayn.masks import causal_mask
 
 B, H, S, DH = 2, 3, 13, 8

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from aiayn import CausalLM, Transformer, TransformerConfig
-from aiayn.attention.chunked import ChunkedAttention
-from aiayn.attention.kernels import FusedAttention, make_kernel
-from aiayn.attention.linear import LinearAttention, LinearAttentionState
-from aiayn.attention.sparse import SparseAttention
+from aiayn.nn.attention.chunked import ChunkedAttention
+from aiayn.nn.attention.kernels import FusedAttention, make_kernel
+from aiayn.nn.attention.linear import LinearAttention, LinearAttentionState
+from aiayn.nn.attention.sparse import SparseAttention
 from aiayn.models import MaskedLM, SequenceClassifier, TransformerEncoder
 
 KERNEL_CONFIGS = {

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from aiayn.attention.kernels import FusedAttention, ReferenceAttention
+from aiayn.nn.attention.kernels import FusedAttention, ReferenceAttention
 from aiayn.masks import causal_mask
 
 B, H, T, S, DH = 2, 3, 5, 7, 8

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiayn import TransformerConfig
-from aiayn.attention.kernels import KERNELS
+from aiayn.nn.attention.kernels import KERNELS
 from aiayn.data.batching import collate, token_batches
 from aiayn.data.sequence_batches import bucketed_batches, pad_right
 from aiayn.data.text import CharVocabulary

@@ -10,9 +10,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from aiayn import TransformerConfig
-from aiayn.attention.kernels import ReferenceAttention, make_kernel
-from aiayn.attention import sparse
-from aiayn.attention.sparse import SparseAttention, sparse_attention
+from aiayn.nn.attention.kernels import ReferenceAttention, make_kernel
+from aiayn.nn.attention import sparse
+from aiayn.nn.attention.sparse import SparseAttention, sparse_attention
 
 B, H, DH = 2, 3, 8
 

@@ -8,7 +8,7 @@ from aiayn import Transformer
 from aiayn.interop.torch_nn import (config_from_torch, load_torch_decoder, load_torch_encoder,
                                     load_torch_transformer)
 from aiayn.masks import key_padding_to_attention
-from aiayn.stacks import Decoder, Encoder
+from aiayn.nn.stacks import Decoder, Encoder
 
 D, H, F = 48, 4, 80
 VARIANTS = [pytest.param(norm_first, activation, id=f"{'pre' if norm_first else 'post'}-{activation}")

@@ -5,7 +5,7 @@ Mask convention (everywhere): boolean, True = may attend / real token. See ``aia
 
 from aiayn.config import PRESETS, TransformerConfig, count_parameters
 from aiayn.models import CausalLM, MaskedLM, SequenceClassifier, Transformer, TransformerEncoder
-from aiayn.stacks import AttentionMaps
+from aiayn.nn.stacks import AttentionMaps
 # Hugging Face interop reads files directly: importing aiayn never imports transformers.
 from aiayn.interop.hf import from_pretrained, from_transformers, save_pretrained
 

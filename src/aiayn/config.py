@@ -55,7 +55,7 @@ class TransformerConfig:
     layer_norm_bias: bool = True  # False: LayerNorm with a gain only (nanoGPT with bias=False)
     bias: bool = True  # biases in the attention and FFN projections
     fused_projections: bool = True  # one (D, 3D) matmul for q, k, v instead of three (D, D)
-    attention: str = "fused"  # attention kernel name, see aiayn.attention.kernels.make_kernel
+    attention: str = "fused"  # attention kernel name, see aiayn.nn.attention.kernels.make_kernel
     # options of the efficient kernels (docs/efficient-attention.md); other kernels ignore them
     attention_window: int = 128  # sparse: local window (Child et al. 2019)
     attention_stride: int = 128  # sparse: stride of the strided pattern
@@ -129,7 +129,7 @@ class TransformerConfig:
         _check_choice("positions", self.positions, POSITION_KINDS)
         _check_choice("sinusoid_layout", self.sinusoid_layout, SINUSOID_LAYOUTS)
         _check_choice("pooling", self.pooling, POOLINGS)
-        from aiayn.attention.kernels import KERNELS  # late: kernels import nothing from here
+        from aiayn.nn.attention.kernels import KERNELS  # late: kernels import nothing from here
 
         _check_choice("attention", self.attention, tuple(KERNELS))
         _check_choice("attention_pattern", self.attention_pattern, SPARSE_PATTERNS)

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for number, line in decode_lines(sys.stdin.buffer, "stdin"):
             if not line.strip():
-                raise ValueError(f"stdin, line {number}: empty text")
+                raise ValueError(f"stdin:{number}: empty text")
             pending.append(line)
             if len(pending) >= batch_size:
                 answer(pending)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from aiayn.commands import engine
 from aiayn.commands.train import positive_int
 
 
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--output", default=None, metavar="PATH",
                         help="also write the model outputs (one a line) here")
+    engine.add_arguments(parser)
     parser.set_defaults(run=run)
 
 

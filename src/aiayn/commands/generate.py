@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aiayn.commands import engine
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -32,9 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-slide", action="store_true",
                         help="error instead of sliding the context when it fills up")
     parser.add_argument("--no-stream", action="store_true", help="print when done")
-    parser.add_argument("--compile", action="store_true",
-                        help="decoding steps through torch.compile (seconds to compile first; "
-                             "faster over long generations)")
+    engine.add_arguments(parser)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.set_defaults(run=run)
@@ -68,14 +68,14 @@ class StopStrings:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from aiayn.decoding.sampling import generate
+    from aiayn.decoding.generation import GenerationConfig
     from aiayn.training.run import load_run
 
     if args.threads:
         torch.set_num_threads(args.threads)
     run_ = load_run(args.run_dir, task="lm")
     vocabulary, context = run_.assets, run_.model_config.max_length
-    model = run_.model.to(torch.device(args.device))
+    inference = engine.engine(run_.model.to(torch.device(args.device)), args)
     stops = StopStrings(args.stop)
     prompts = args.prompt or ["\n"]
     rows = []
@@ -111,11 +111,11 @@ def run(args: argparse.Namespace) -> int:
     if stream:
         sys.stdout.write(prompts[0])
         sys.stdout.flush()
-    result = generate(model, rows, max_new_tokens=args.max_new_tokens,
-                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                      greedy=args.greedy, seed=args.seed, slide=not args.no_slide,
-                      stop=stop if args.stop else None, on_step=on_step if stream else None,
-                      compile=args.compile)
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, greedy=args.greedy,
+                              seed=args.seed, slide=not args.no_slide)
+    result = inference.generate(rows, config, stop=stop if args.stop else None,
+                                on_step=on_step if stream else None)
     for index, tokens in enumerate(result.tokens):
         text = vocabulary.decode(tokens)
         cut = stops.cut(text)

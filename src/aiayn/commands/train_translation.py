@@ -49,6 +49,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     column, else every row)."""
     from pathlib import Path
 
+    from aiayn.commands.engine import engine
     from aiayn.data.parallel import read_pairs, select_split
     from aiayn.tasks.translate import score_translations, translate_texts
     from aiayn.training import load_run
@@ -60,10 +61,11 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         pairs = select_split(pairs, args.split)
     if args.limit is not None:
         pairs = pairs[:args.limit]
-    model = run.model.to(args.device)
+    inference = engine(run.model.to(args.device), args)
     start = time.perf_counter()
-    outputs = translate_texts(model, run.assets, [p.source for p in pairs], beam_size=args.beam,
-                              alpha=args.alpha, max_tokens=args.max_tokens)
+    outputs = translate_texts(inference.model, run.assets, [p.source for p in pairs],
+                              beam_size=args.beam, alpha=args.alpha, max_tokens=args.max_tokens,
+                              step=inference.decoder_step)
     seconds = time.perf_counter() - start
     if args.output:
         Path(args.output).write_text("".join(line + "\n" for line in outputs), encoding="utf-8")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aiayn.commands import engine
 from aiayn.commands.train import positive_int
 
 
@@ -24,8 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="lines read before translating (bounds memory on long inputs)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
-    parser.add_argument("--compile", action="store_true",
-                        help="decoding steps through torch.compile (seconds to compile first)")
+    engine.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -38,25 +38,26 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     run_ = load_run(args.run_dir, task="translation")
-    model = run_.model.to(args.device)
+    inference = engine.engine(run_.model.to(args.device), args)
     lines: list[str] = []
     try:
         # Bytes decoded line by line: a line that is not UTF-8 is an error naming it.
         for _, line in decode_lines(sys.stdin.buffer, "stdin"):
             lines.append(line)
             if len(lines) >= args.batch_lines:
-                _flush(model, run_.assets, lines, args)
+                _flush(inference, run_.assets, lines, args)
                 lines = []
     finally:  # the lines before a bad one are still translated, in order
         if lines:
-            _flush(model, run_.assets, lines, args)
+            _flush(inference, run_.assets, lines, args)
     return 0
 
 
-def _flush(model, tokenizer, lines, args) -> None:
+def _flush(inference, tokenizer, lines, args) -> None:
     from aiayn.tasks.translate import translate_texts
 
-    for output in translate_texts(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha,
-                                  max_tokens=args.max_tokens, compile=args.compile):
+    for output in translate_texts(inference.model, tokenizer, lines, beam_size=args.beam,
+                                  alpha=args.alpha, max_tokens=args.max_tokens,
+                                  step=inference.decoder_step):
         sys.stdout.write(output + "\n")
     sys.stdout.flush()

@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from aiayn.decoding.greedy import (Hypothesis, blocked_tokens, compiled_decoder_step,
-                                   cross_attention_mask, decoder_step, output_limits)
-from aiayn.decoding.top_k import top_k
+from aiayn.decoding.greedy import (DecoderStep, Hypothesis, blocked_tokens, cross_attention_mask,
+                                   decoder_step, output_limits)
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -29,7 +28,7 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
 
 @torch.no_grad()
 def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_size: int = 4,
-                alpha: float = 0.6, max_extra: int = 50, compile: bool = False
+                alpha: float = 0.6, max_extra: int = 50, step: DecoderStep = decoder_step
                 ) -> list[Hypothesis]:
     """The best hypothesis of a beam search for each sentence.
 
@@ -39,8 +38,8 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
         beam_size: K (paper: 4); 1 is greedy search.
         alpha: length penalty exponent (paper: 0.6).
         max_extra: output may be up to source length + ``max_extra`` tokens (paper: 50).
-        compile: decoding steps after the first through ``torch.compile`` (``compiled_decoder_step``;
-            seconds to compile on the first call in a process).
+        step: computes each step after the first (default ``decoder_step``; ``aiayn.fast`` passes
+            a compiled one).
 
     Raises:
         ValueError: beam_size < 1 or larger than the vocabulary allows, alpha < 0.
@@ -74,30 +73,24 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     blocked = blocked_tokens(model)
     first = True
-    log_probs_buffer = None
-    step_logits = compiled_decoder_step() if compile else decoder_step
-    for step in range(steps):
+    for position in range(steps):
         n = len(alive)
         if first:  # projects the memory into the cache
             logits = model.decode(tokens, memory, memory_padding_mask=mask, cache=cache)[:, -1]
         else:
-            logits = step_logits(model, tokens, mask, cache)
+            logits = step(model, tokens, mask, cache)
         logits = logits.float()  # (n*K, V)
         first = False
-        if log_probs_buffer is None:
-            log_probs_buffer = torch.empty_like(logits)
-        # One (B*K, V) buffer for every step: a fresh one each step costs its page faults (a beam
-        # search call 1.023x, median of five A/B runs at benchmarks/generation.py's shapes).
-        log_probs = torch.log_softmax(logits, dim=-1, out=log_probs_buffer[: logits.shape[0]])
+        log_probs = torch.log_softmax(logits, dim=-1)  # (n*K, V)
         log_probs[:, blocked] = -torch.inf
-        at_limit = [limits[i] <= step + 1 for i in alive]  # host lists: no tensor, no sync
+        at_limit = [limits[i] <= position + 1 for i in alive]  # host lists: no tensor, no sync
         if any(at_limit):  # the last position a sentence may use: </s> only
             forced = torch.tensor(at_limit, device=device).repeat_interleave(K)  # (n*K,)
             keep_eos = log_probs[:, eos].clone()
             log_probs[forced] = -torch.inf
             log_probs[forced, eos] = keep_eos[forced]
         candidates = log_probs.view(n, K, vocab).add_(scores.unsqueeze(2))  # (n, K, V), in place
-        top_scores, top_index = top_k(candidates.view(n, K * vocab), 2 * K)  # (n, 2K)
+        top_scores, top_index = candidates.view(n, K * vocab).topk(2 * K, dim=1)  # (n, 2K)
         top_beam = top_index // vocab  # (n, 2K)
         top_token = top_index % vocab  # (n, 2K)
         is_eos = top_token == eos
@@ -105,13 +98,13 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
         # Finished hypotheses: </s> extensions among the first K candidates (fairseq's rule).
         eos_first_k = (is_eos[:, :K] & torch.isfinite(top_scores[:, :K])).nonzero().tolist()
         if eos_first_k:
-            length = step + 1  # tokens including </s>
+            length = position + 1  # tokens including </s>
             penalty = length_penalty(length, alpha)
-            for row, position in eos_first_k:
-                beam = int(top_beam[row, position])
+            for row, column in eos_first_k:
+                beam = int(top_beam[row, column])
                 sequence = history[row * K + beam].tolist()
                 finished[alive[row]].append(
-                    Hypothesis(sequence, float(top_scores[row, position]) / penalty))
+                    Hypothesis(sequence, float(top_scores[row, column]) / penalty))
 
         # Live hypotheses: the K best extensions that do not end the sentence.
         live_scores = top_scores.masked_fill(is_eos, -torch.inf)
@@ -126,10 +119,10 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
         keep_sentences = []
         for row, index in enumerate(alive):
             done = finished[index] and (
-                len(finished[index]) >= K or limits[index] <= step + 1
+                len(finished[index]) >= K or limits[index] <= position + 1
                 or max(h.score for h in finished[index])
                 >= best_live[row] / length_penalty(limits[index], alpha))
-            if not done and limits[index] <= step + 1:
+            if not done and limits[index] <= position + 1:
                 done = True
             if not done:
                 keep_sentences.append(row)

@@ -11,9 +11,12 @@ Legend: B sentences, S source length, V vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
+
+from aiayn.nn.attention.cache import DecoderCache
 
 
 @dataclass
@@ -31,8 +34,7 @@ def output_limits(source_mask: Tensor, *, max_extra: int, model_max_length: int)
 
 def cross_attention_mask(source_mask: Tensor) -> Tensor | None:
     """The memory mask a search passes to its decoding steps: None when no position is padding (one
-    sentence, or sentences of one length), so no step masks its cross-attention scores for nothing
-    (beam search 1.05x, greedy search 1.08x on such batches); one host read per search."""
+    sentence, or sentences of one length), so no step masks its cross-attention for nothing."""
     return None if bool(source_mask.all()) else source_mask
 
 
@@ -42,36 +44,28 @@ def blocked_tokens(model: nn.Module) -> list[int]:
     return sorted({config.pad_id, config.decoder_start_id})
 
 
+DecoderStep = Callable[[nn.Module, Tensor, "Tensor | None", DecoderCache], Tensor]
+
+
 @torch.no_grad()
 def decoder_step(model: nn.Module, tokens: Tensor, memory_padding_mask: Tensor | None,
-                 cache) -> Tensor:
+                 cache: DecoderCache) -> Tensor:
     """Logits (B, V) of the next position of every row, after the first step (the cache then holds
     the memory's cross-attention keys/values); ``tokens`` (B, 1)."""
     return model.decode(tokens, None, memory_padding_mask=memory_padding_mask, cache=cache)[:, -1]
 
 
-_compiled_step = None
-
-
-def compiled_decoder_step():
-    """``decoder_step`` under ``torch.compile`` (made once per process, dynamic shapes: the rows
-    shrink as sentences finish); the step traces without graph breaks."""
-    global _compiled_step
-    if _compiled_step is None:
-        _compiled_step = torch.compile(decoder_step, dynamic=True)
-    return _compiled_step
-
-
+@torch.no_grad()
 def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
-                  max_extra: int = 50, compile: bool = False) -> list[Hypothesis]:
+                  max_extra: int = 50, step: DecoderStep = decoder_step) -> list[Hypothesis]:
     """The most likely next token at each step, until </s> or the length limit.
 
     Args:
         model: an encoder-decoder ``Transformer`` (in eval mode).
         source: (B, S) source ids; ``source_mask`` (B, S) True on real tokens.
         max_extra: output may be up to source length + ``max_extra`` tokens (paper: 50).
-        compile: decoding steps after the first through ``torch.compile`` (``compiled_decoder_step``;
-            seconds to compile on the first call in a process).
+        step: computes each step after the first (default ``decoder_step``; ``aiayn.fast`` passes
+            a compiled one).
 
     Returns:
         One hypothesis per sentence, in input order.
@@ -90,17 +84,16 @@ def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
     blocked = blocked_tokens(model)
     mask = cross_attention_mask(source_mask)  # (B, S) or None
     first = True
-    step_logits = compiled_decoder_step() if compile else decoder_step
-    for step in range(steps):
+    for position in range(steps):
         if first:  # projects the memory into the cache
             logits = model.decode(tokens, memory, memory_padding_mask=mask, cache=cache)[:, -1]
         else:
-            logits = step_logits(model, tokens, mask, cache)
+            logits = step(model, tokens, mask, cache)
         logits = logits.float()  # (B_alive, V)
         first = False
         log_probs = torch.log_softmax(logits, dim=-1)
         log_probs[:, blocked] = -torch.inf
-        forced = limits[alive] <= step + 1  # the last position a sentence may use: </s> only
+        forced = limits[alive] <= position + 1  # the last position a sentence may use: </s> only
         if bool(forced.any()):
             keep_eos = log_probs[:, config.eos_id].clone()
             log_probs[forced] = -torch.inf

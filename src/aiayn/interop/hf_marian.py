@@ -35,7 +35,7 @@ from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, Checkpoint, NameMap, Rule,
                                      activation_from_hf, build_config, require)
 from aiayn.models import Transformer
-from aiayn.positions import sinusoidal_table
+from aiayn.nn.positions import sinusoidal_table
 
 MODEL_TYPES = ("marian", "bart")
 ARCHITECTURES = {"MarianMTModel": "seq2seq", "BartForConditionalGeneration": "seq2seq",

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
-from aiayn.stacks import Decoder, Encoder
+from aiayn.nn.stacks import Decoder, Encoder
 
 
 def config_from_torch(module: nn.Module, **overrides: Any) -> TransformerConfig:

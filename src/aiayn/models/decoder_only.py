@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from aiayn.attention.cache import DecoderCache
+from aiayn.nn.attention.cache import DecoderCache
 from aiayn.config import TransformerConfig
 from aiayn.models.heads import OutputProjection, initialise
-from aiayn.stacks import AttentionMaps, Decoder
+from aiayn.nn.stacks import AttentionMaps, Decoder
 
 
 class CausalLM(nn.Module):
@@ -35,19 +35,23 @@ class CausalLM(nn.Module):
         return self.decoder.new_cache(batch, max_length, **kwargs)
 
     def hidden_states(self, ids: Tensor, *, padding_mask: Tensor | None = None,
-                      positions: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
+                      positions: Tensor | None = None, cache: DecoderCache | None = None,
+                      slots: Tensor | None = None) -> Tensor:
         """Final hidden states (B, T, D) before the output projection."""
-        return self.decoder(ids, padding_mask=padding_mask, positions=positions, cache=cache)[0]
+        return self.decoder(ids, padding_mask=padding_mask, positions=positions, cache=cache,
+                            slots=slots)[0]
 
     def forward(self, ids: Tensor, *, padding_mask: Tensor | None = None,
                 positions: Tensor | None = None, cache: DecoderCache | None = None,
-                return_attention: bool = False) -> Tensor | tuple[Tensor, AttentionMaps]:
+                slots: Tensor | None = None, return_attention: bool = False
+                ) -> Tensor | tuple[Tensor, AttentionMaps]:
         """Logits (B, T, V). ``padding_mask``: (B, T), or (B, cache.length + T) with a cache.
 
-        ``positions`` (B, T) overrides the default positions (needed for left-padded prompts).
+        ``positions`` (B, T) overrides the default positions (needed for left-padded prompts);
+        ``slots``: a fixed-shape decoding step (``Decoder.forward``).
         """
         hidden, weights, _ = self.decoder(ids, padding_mask=padding_mask, positions=positions,
-                                          cache=cache, need_weights=return_attention)
+                                          cache=cache, slots=slots, need_weights=return_attention)
         logits = self.lm_head(hidden)
         if return_attention:
             return logits, AttentionMaps(decoder=weights)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from aiayn.attention.cache import DecoderCache
+from aiayn.nn.attention.cache import DecoderCache
 from aiayn.config import TransformerConfig
 from aiayn.models.heads import OutputProjection, initialise
-from aiayn.stacks import AttentionMaps, Decoder, Encoder
+from aiayn.nn.stacks import AttentionMaps, Decoder, Encoder
 
 
 class Transformer(nn.Module):

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
 from aiayn.models.heads import ClassificationHead, MaskedLMHead, initialise, pool
-from aiayn.stacks import AttentionMaps, Encoder
+from aiayn.nn.stacks import AttentionMaps, Encoder
 
 
 class TransformerEncoder(nn.Module):

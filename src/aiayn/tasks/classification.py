@@ -178,7 +178,7 @@ class ClassificationTask:
 
 def encode_labels(labels: LabelMap, rows: LabelledTexts) -> list[int]:
     """Class indices of ``rows``; an unknown label is an error naming the file and line."""
-    return [labels.index(label, where=f"{rows.source}, line {line}")
+    return [labels.index(label, where=f"{rows.source}:{line}")
             for label, line in zip(rows.labels, rows.lines)]
 
 

@@ -25,21 +25,24 @@ from aiayn.config import TransformerConfig
 from aiayn.data.text import (CharVocabulary, check_length, contiguous_blocks, random_blocks,
                              read_text, split_text)
 from aiayn.models import CausalLM
-from aiayn.training.linear_cross_entropy import projected_loss, runs_uncompiled
+from aiayn.training.chunked_loss import chunks_loss, projected_loss
 
 
 def token_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
     """Summed next-token cross-entropy of inputs (B, T) against targets (B, T).
 
-    A plain ``CausalLM`` (not wrapped by DDP/FSDP/torch.compile and not compiled in place: their
-    forward must run) goes through ``projected_loss``: output projection and loss in row chunks,
-    never the (B * T, V) logits.
+    The loss path is chosen for the device: on the CPU a ``CausalLM``'s hidden states are projected
+    and scored in row chunks (``aiayn.training.chunked_loss``); elsewhere, and for any other module
+    (a DDP or compiled wrapper runs its own forward), the logits go to ``F.cross_entropy``.
     """
-    if runs_uncompiled(model, CausalLM):
-        return projected_loss(model.hidden_states(inputs), model.lm_head, targets)
-    logits = model(inputs)  # (B, T, V)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
-                           reduction="sum")
+    if isinstance(model, CausalLM):
+        hidden = model.hidden_states(inputs)  # (B, T, D)
+        if chunks_loss(hidden):
+            return projected_loss(hidden, model.lm_head, targets)
+        logits = model.lm_head(hidden)  # (B, T, V)
+    else:
+        logits = model(inputs)  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
 
 
 @torch.no_grad()

@@ -14,14 +14,15 @@ from torch import nn
 from aiayn.data.batching import collate, token_batches
 from aiayn.data.tokenizer import SubwordTokenizer
 from aiayn.decoding.beam import beam_search
-from aiayn.decoding.greedy import greedy_search
+from aiayn.decoding.greedy import DecoderStep, decoder_step, greedy_search
 
 
 def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_size: int = 4,
                   alpha: float = 0.6, max_tokens: int = 4000, max_extra: int = 50,
-                  compile: bool = False) -> list[list[int]]:
-    """Output ids (no </s>) for source id sequences (no </s>), in input order; ``compile``: decoding
-    steps through ``torch.compile`` (see ``aiayn.decoding.greedy.compiled_decoder_step``)."""
+                  step: DecoderStep = decoder_step) -> list[list[int]]:
+    """Output ids (no </s>) for source id sequences (no </s>), in input order; ``step`` runs each
+    decoding step after the first (an ``aiayn.fast.InferenceEngine``'s ``decoder_step`` compiles
+    it)."""
     config = model.config
     device = next(model.parameters()).device
     outputs: list[list[int]] = [[] for _ in sources]
@@ -37,10 +38,10 @@ def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_si
         source = batch.source.to(device)
         mask = source != config.pad_id
         if beam_size == 1:
-            hypotheses = greedy_search(model, source, mask, max_extra=max_extra, compile=compile)
+            hypotheses = greedy_search(model, source, mask, max_extra=max_extra, step=step)
         else:
             hypotheses = beam_search(model, source, mask, beam_size=beam_size, alpha=alpha,
-                                     max_extra=max_extra, compile=compile)
+                                     max_extra=max_extra, step=step)
         for index, hypothesis in zip(indices, hypotheses):
             outputs[index] = hypothesis.tokens
     return outputs
@@ -48,7 +49,7 @@ def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_si
 
 def translate_texts(model: nn.Module, tokenizer: SubwordTokenizer, texts: Sequence[str], *,
                     beam_size: int = 4, alpha: float = 0.6, max_tokens: int = 4000,
-                    compile: bool = False) -> list[str]:
+                    step: DecoderStep = decoder_step) -> list[str]:
     """Detokenized translations of ``texts`` (empty text -> empty translation)."""
     outputs = [""] * len(texts)
     keep = [i for i, text in enumerate(texts) if text.strip()]
@@ -58,7 +59,7 @@ def translate_texts(model: nn.Module, tokenizer: SubwordTokenizer, texts: Sequen
     model.eval()
     with torch.inference_mode():
         hypotheses = translate_ids(model, ids, beam_size=beam_size, alpha=alpha,
-                                   max_tokens=max_tokens, compile=compile)
+                                   max_tokens=max_tokens, step=step)
     for i, text in zip(keep, tokenizer.decode(hypotheses)):
         outputs[i] = text
     return outputs

@@ -21,9 +21,8 @@ from aiayn.data.batching import TranslationBatch, collate, token_batches
 from aiayn.data.parallel import SentencePair, read_pairs, split_pairs
 from aiayn.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer)
 from aiayn.models import Transformer
-from aiayn.training.linear_cross_entropy import projected_loss, runs_uncompiled
+from aiayn.training.chunked_loss import projected_loss
 from aiayn.training.loss import label_smoothed_cross_entropy
-
 
 
 def translation_loss(model: nn.Module, source: torch.Tensor, decoder_input: torch.Tensor,
@@ -32,18 +31,12 @@ def translation_loss(model: nn.Module, source: torch.Tensor, decoder_input: torc
     of right-padded ``source`` (B, S) and ``decoder_input`` (B, T): the training loss of the task.
 
     No target padding mask: under the causal mask real queries never see the right padding, and
-    padded positions are ignored by the loss, so SDPA can take its is_causal path. A plain
-    ``Transformer`` (not wrapped by DDP/FSDP/torch.compile and not compiled in place: their forward
-    must run) projects and scores the hidden states in row chunks
-    (``aiayn.training.linear_cross_entropy``), never materialising the (B * T, V) logits; the value
-    and gradients are the same.
+    padded positions are ignored by the loss, so SDPA can take its causal kernel. A ``Transformer``
+    scores its hidden states through ``projected_loss`` (chunked on the CPU); any other module (a
+    DDP or compiled wrapper runs its own forward) through its logits.
     """
     source_mask = source != PAD_ID  # (B, S)
-    if source.device.type == "cpu" and bool(source_mask.all()):
-        # A batch without padding needs no mask, and without one SDPA runs its unmasked kernels
-        # (checked on the CPU only: elsewhere the test would be a device sync per step).
-        source_mask = None
-    if runs_uncompiled(model, Transformer):
+    if isinstance(model, Transformer):
         memory = model.encode(source, source_mask)  # (B, S, D)
         hidden = model.decoder(decoder_input, memory, memory_padding_mask=source_mask)[0]  # (B, T, D)
         return projected_loss(hidden, model.generator, targets, smoothing=smoothing,

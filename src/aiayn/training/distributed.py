@@ -108,7 +108,7 @@ def process_group_from_env(*, device: str | None, timeout_s: float = 1800.0
 # --- per-layer wrappers -------------------------------------------------------------------------
 def transformer_layers(module: nn.Module) -> list[nn.Module]:
     """The encoder/decoder layers of an aiayn model (the units of checkpointing and sharding)."""
-    from aiayn.layers import DecoderLayer, EncoderLayer
+    from aiayn.nn.layers import DecoderLayer, EncoderLayer
 
     return [m for m in module.modules() if isinstance(m, (EncoderLayer, DecoderLayer))]
 
@@ -122,11 +122,11 @@ def compile_layers(module: nn.Module) -> int:
     benchmarks/run_all.py --compile``, AMD EPYC Zen 4, 2 threads, medians of three runs): the
     compiled whole model 1.12x HF GPT-2's training step, the compiled layers 1.29x (the eager step
     1.31x). Identical layers share compiled code. In float32 CPU training the attention runs between
-    two graphs of a layer (``aiayn.attention.gemm_attention.attention_between_graphs``, one graph
+    two graphs of a layer (``aiayn.nn.attention.gemm_attention.attention_between_graphs``, one graph
     break a layer): 1.016-1.066x the step with SDPA traced into one graph, at the same compile time
     (15-16 s for the first two steps of the benchmark's model with an empty inductor cache).
     """
-    from aiayn.stacks import Encoder
+    from aiayn.nn.stacks import Encoder
 
     layers = transformer_layers(module)
     if not layers:

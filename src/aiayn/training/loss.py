@@ -38,30 +38,9 @@ def label_smoothed_cross_entropy(logits: Tensor, targets: Tensor, *, smoothing: 
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     keep = targets != ignore_index  # (N,)
-    safe_targets = targets.masked_fill(~keep, 0)
-    if logits.device.type != "cpu" or logits.shape[0] == 0:
-        return _reference_loss(logits, safe_targets, keep, smoothing)
-    # On CPU the loss is memory-bound: the reference formula writes several (N, V) tensors
-    # forward and backward. Rows whose log-probabilities are all finite (all but pathological
-    # ones) take a fused path that reads the logits in the forward pass and writes one (N, V)
-    # gradient in the backward pass; the others keep the reference formula. Choosing rows needs
-    # the data on the host, free on CPU, a synchronisation on an accelerator (hence CPU only).
-    with torch.no_grad():
-        log_normaliser = torch.logsumexp(logits, dim=-1)  # (N,)
-        clean = torch.isfinite(logits.amin(dim=-1) - log_normaliser)  # (N,)
-    if bool(clean.all()):
-        return _FusedLabelSmoothedLoss.apply(logits, safe_targets, keep, log_normaliser, smoothing)
-    rows, others = clean.nonzero().squeeze(1), (~clean).nonzero().squeeze(1)
-    return _FusedLabelSmoothedLoss.apply(logits[rows], safe_targets[rows], keep[rows],
-                                         log_normaliser[rows], smoothing) + \
-        _reference_loss(logits[others], safe_targets[others], keep[others], smoothing)
-
-
-def _reference_loss(logits: Tensor, targets: Tensor, keep: Tensor, smoothing: float) -> Tensor:
-    """The formula of the module docstring, written out with autograd (any logits)."""
     # log_softmax subtracts the max first: finite for any finite logits, never log(0).
     log_probs = torch.log_softmax(logits, dim=-1)  # (N, V)
-    nll = -log_probs.gather(1, targets.unsqueeze(1)).squeeze(1)  # (N,)
+    nll = -log_probs.gather(1, targets.masked_fill(~keep, 0).unsqueeze(1)).squeeze(1)  # (N,)
     if smoothing > 0.0:
         # The smoothing mass goes to the tokens that are possible at all: a -inf logit (a token
         # masked out of the vocabulary, or one pushed to log 0 by extreme logits) would otherwise
@@ -73,20 +52,10 @@ def _reference_loss(logits: Tensor, targets: Tensor, keep: Tensor, smoothing: fl
     return nll.masked_fill(~keep, 0.0).sum()
 
 
-def summed_smoothed_nll(logits: Tensor, log_normaliser: Tensor, targets: Tensor, keep: Tensor,
-                        smoothing: float) -> Tensor:
-    """The loss of rows whose tokens are all possible, from the logits and their log-normaliser.
-
-    logits (N, V), log_normaliser (N,) = logsumexp, targets (N,) valid ids, keep (N,) rows counted."""
-    target_logits = logits.gather(1, targets.unsqueeze(1)).squeeze(1)  # (N,)
-    mean_logits = logits.mean(dim=-1) if smoothing > 0.0 else None  # (N,)
-    return smoothed_nll_of_rows(log_normaliser, target_logits, mean_logits, keep, smoothing)
-
-
 def smoothed_nll_of_rows(log_normaliser: Tensor, target_logits: Tensor, mean_logits: Tensor | None,
                          keep: Tensor, smoothing: float) -> Tensor:
-    """``summed_smoothed_nll`` from per-row numbers, all (N,): log Z, z[y] and (with smoothing)
-    mean_v z[v]. log p[v] = z[v] - log Z, so nll = log Z - z[y] and the uniform term is
+    """The summed loss of rows whose tokens are all possible, from per-row numbers, all (N,): log Z,
+    z[y] and (with smoothing) mean_v z[v]. log p[v] = z[v] - log Z, so nll = log Z - z[y] and the uniform term is
     log Z - mean_v z[v]."""
     nll = log_normaliser - target_logits
     if smoothing > 0.0:
@@ -94,37 +63,11 @@ def smoothed_nll_of_rows(log_normaliser: Tensor, target_logits: Tensor, mean_log
     return nll.masked_fill(~keep, 0.0).sum()
 
 
-def smoothed_nll_gradient(logits: Tensor, log_normaliser: Tensor, targets: Tensor, keep: Tensor,
-                          smoothing: float) -> Tensor:
-    """d summed_smoothed_nll / d logits (N, V): softmax - (1 - eps) onehot(y) - eps / V on kept rows,
-    zero on the others."""
-    # An ignored row gets log Z = +inf: its softmax is exp(-inf) = 0 without a masking pass.
-    shifted = log_normaliser.masked_fill(~keep, float("inf")).unsqueeze(1)  # (N, 1)
-    return subtract_smoothed_targets((logits - shifted).exp_(), targets, keep, smoothing)
-
-
 def subtract_smoothed_targets(probabilities: Tensor, targets: Tensor, keep: Tensor,
                               smoothing: float) -> Tensor:
-    """The gradient of ``summed_smoothed_nll`` from the softmax (N, V) (zero on ignored rows), in
+    """The gradient of ``smoothed_nll_of_rows`` w.r.t. the logits, from the softmax (N, V) (zero on ignored rows), in
     place: minus (1 - eps) at each target and eps / V everywhere, on the kept rows."""
     kept = keep.to(probabilities.dtype).unsqueeze(1)  # (N, 1)
     if smoothing > 0.0:
         probabilities.sub_(kept * (smoothing / probabilities.shape[-1]))
     return probabilities.scatter_add_(1, targets.unsqueeze(1), kept * -(1.0 - smoothing))
-
-
-class _FusedLabelSmoothedLoss(torch.autograd.Function):
-    """The same loss for rows whose log-probabilities are all finite (every token possible)."""
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, keep: Tensor, log_normaliser: Tensor,
-                smoothing: float) -> Tensor:
-        ctx.save_for_backward(logits, targets, keep, log_normaliser)
-        ctx.smoothing = smoothing
-        return summed_smoothed_nll(logits, log_normaliser, targets, keep, smoothing)
-
-    @staticmethod
-    def backward(ctx, grad_output: Tensor):
-        logits, targets, keep, log_normaliser = ctx.saved_tensors
-        grad = smoothed_nll_gradient(logits, log_normaliser, targets, keep, ctx.smoothing)
-        return grad.mul_(grad_output), None, None, None, None

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.models import CausalLM, MaskedLM, SequenceClassifier, Transformer, TransformerEncoder
-from aiayn.stacks import AttentionMaps
+from aiayn.nn.stacks import AttentionMaps
 from aiayn.visualise.metrics import DEFAULT_WINDOW, PatternAccumulator, rows_from_means
 
 # (key in AttentionMaps, title, causal, which tokens are queries / keys)

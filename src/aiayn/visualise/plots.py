@@ -45,7 +45,7 @@ def plot_positions(d_model: int, length: int, path: str | Path, *,
     Raises:
         ValueError: d_model not a positive even number, length < 2, or a dimension outside the table.
     """
-    from aiayn.positions import sinusoidal_table
+    from aiayn.nn.positions import sinusoidal_table
 
     if d_model < 2 or d_model % 2:
         raise ValueError(f"d_model must be a positive even number, got {d_model}")

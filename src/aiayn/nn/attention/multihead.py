@@ -1,0 +1,201 @@
+"""Multi-head attention (paper 3.2.2): project, split into heads, attend, concatenate, project.
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+The h per-head projections are one (D, D) ``nn.Linear`` each for Q, K and V, or one fused (D, 3D)
+``qkv_proj`` for self-attention and one (D, 2D) ``kv_proj`` for the keys and values of
+cross-attention. The attention itself is a kernel object (aiayn.nn.attention.kernels), so reference /
+fused / efficient kernels are interchangeable. Two modules share the projections' plumbing:
+
+- ``SelfAttention``: queries, keys and values from the same sequence; with a cache, the T newest
+  positions attend to everything written so far (the kernel's ``decode``).
+- ``CrossAttention``: queries from the decoder, keys and values from the encoder output (the
+  "memory"); with a cache they are projected on the first decoding step and kept.
+
+Legend: B batch, T query length, S key length, H heads, D model width, Dh head width (D / H),
+G decoder rows per memory row (beam search).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from aiayn.nn.attention.cache import KVCache, MemoryCache
+from aiayn.nn.attention.kernels import AttentionKernel, ReferenceAttention
+
+
+class MultiHeadAttention(nn.Module):
+    """What self- and cross-attention share: head split/merge, the kernel, the output projection.
+
+    Args:
+        d_model: model width D.
+        n_heads: number of heads H; must divide D.
+        kernel: the attention kernel (e.g. ``FusedAttention()``).
+        dropout: dropout on the attention weights (training only).
+        bias: biases on the projections.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, kernel: AttentionKernel, *,
+                 dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.kernel = kernel
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+
+    def merge_heads(self, out: Tensor) -> Tensor:
+        """(B, H, T, Dh) -> (B, T, D): concatenate the heads, then W^O."""
+        batch, _, length, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(batch, length, self.d_model))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+               need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """The kernel's output (B, H, T, Dh) and, if ``need_weights``, the weights (B, H, T, S)
+        before dropout from the reference kernel (the output stays the layer's own kernel's, so
+        collecting attention never changes the model's numbers)."""
+        out = self.kernel(q, k, v, mask=mask, causal=causal,
+                          dropout=self.dropout if self.training else 0.0)
+        weights = None
+        if need_weights:
+            weights = ReferenceAttention().with_weights(q, k, v, mask=mask, causal=causal)[1]
+        return out, weights
+
+    def check_input(self, x: Tensor, name: str = "attention input", length: str = "T") -> None:
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"{name} must have shape (B, {length}, D={self.d_model}), got "
+                             f"{tuple(x.shape)}")
+
+
+class SelfAttention(MultiHeadAttention):
+    """Every position of x (B, T, D) attends to the positions of x (and, decoding, of the cache).
+
+    ``fused_projections``: one (D, 3D) product for q, k, v instead of three (D, D) ones.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, kernel: AttentionKernel, *,
+                 fused_projections: bool = True, dropout: float = 0.0, bias: bool = True):
+        super().__init__(d_model, n_heads, kernel, dropout=dropout, bias=bias)
+        self.fused_projections = fused_projections
+        if fused_projections:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        else:
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values (B, H, T, Dh) of x (B, T, D)."""
+        if self.fused_projections:
+            q, k, v = self.qkv_proj(x).split(self.d_model, dim=-1)  # 3 x (B, T, D)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, causal: bool = False,
+                cache: KVCache | None = None, start: int = 0, need_weights: bool = False
+                ) -> tuple[Tensor, Tensor | None]:
+        """Attend from x (B, T, D) to itself; returns (B, T, D) and the weights or None.
+
+        ``mask`` broadcasts to (B, H, T, S), True = may attend; ``causal`` adds the right-aligned
+        causal mask. With a ``cache`` (this layer's, made by its kernel) x holds the T newest
+        positions, ``start ..``: they are written to the cache and attend causally to all S =
+        start + T positions.
+        """
+        self.check_input(x)
+        q, k, v = self.project(x)  # (B, H, T, Dh) each
+        if cache is None:
+            out, weights = self.attend(q, k, v, mask, causal, need_weights)
+        elif need_weights:
+            k, v = cache.write(start, k, v)  # (B, H, S, Dh)
+            out, weights = self.attend(q, k, v, mask, True, need_weights)
+        else:
+            out, weights = self.kernel.decode(q, k, v, cache, start, mask=mask), None
+        return self.merge_heads(out), weights
+
+
+class CrossAttention(MultiHeadAttention):
+    """Decoder positions x (B, T, D) attend to the encoder output ``memory`` (B / G, S, D).
+
+    ``fused_projections``: one (D, 2D) product for the memory's keys and values.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, kernel: AttentionKernel, *,
+                 fused_projections: bool = True, dropout: float = 0.0, bias: bool = True):
+        super().__init__(d_model, n_heads, kernel, dropout=dropout, bias=bias)
+        self.fused_projections = fused_projections
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        if fused_projections:
+            self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
+        else:
+            self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values (B, H, S, Dh) of the memory (B, S, D)."""
+        self.check_input(memory, "memory", "S")
+        if self.fused_projections:
+            k, v = self.kv_proj(memory).split(self.d_model, dim=-1)  # 2 x (B, S, D)
+        else:
+            k, v = self.k_proj(memory), self.v_proj(memory)
+        return self.split_heads(k), self.split_heads(v)
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
+                cache: MemoryCache | None = None, need_weights: bool = False
+                ) -> tuple[Tensor, Tensor | None]:
+        """Returns (B, T, D) and the weights (B, H, T, S) or None.
+
+        ``mask`` broadcasts to (B / G, H, T, S) (the memory's key padding). With a ``cache`` the
+        memory's keys and values are projected on the first call and read afterwards (``memory``
+        may then be None). G = B / memory rows > 1 when several decoder rows share a memory row
+        (``DecoderCache.rows_per_memory``).
+        """
+        self.check_input(x)
+        if cache is not None and cache.keys is not None:
+            k, v = cache.keys, cache.values
+        elif memory is None:
+            raise ValueError("cross-attention needs the encoder output (memory)")
+        else:
+            k, v = self.project_memory(memory)  # (B / G, H, S, Dh) each
+            if cache is not None:
+                cache.keys, cache.values = k, v
+        q = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
+        group = rows_per_memory(q.shape[0], k.shape[0])
+        if group > 1:
+            q = fold_groups(q, group)  # (B / G, H, G * T, Dh)
+        out, weights = self.attend(q, k, v, mask, False, need_weights)
+        if group > 1:
+            out = unfold_groups(out, group)  # (B, H, T, Dh)
+            weights = None if weights is None else unfold_groups(weights, group)
+        return self.merge_heads(out), weights
+
+
+def rows_per_memory(rows: int, memory_rows: int) -> int:
+    """G: how many consecutive decoder rows share each memory row."""
+    if rows % memory_rows:
+        raise ValueError(f"cross-attention from {rows} rows to a memory of {memory_rows} rows: the "
+                         f"memory rows must divide the query rows")
+    return rows // memory_rows
+
+
+def fold_groups(x: Tensor, group: int) -> Tensor:
+    """(B, H, T, X) -> (B / G, H, G * T, X): the T queries of G consecutive rows as one row's queries.
+
+    Exact for cross-attention, whose queries attend to the memory independently of each other (no
+    causal mask among them); the key-padding mask (B / G, 1, 1, S) broadcasts over the G * T queries.
+    """
+    batch, heads, length, width = x.shape
+    x = x.view(batch // group, group, heads, length, width).transpose(1, 2)  # (B/G, H, G, T, X)
+    return x.reshape(batch // group, heads, group * length, width)  # (B/G, H, G*T, X)
+
+
+def unfold_groups(x: Tensor, group: int) -> Tensor:
+    """Inverse of ``fold_groups``: (B / G, H, G * T, X) -> (B, H, T, X)."""
+    sources, heads, grouped, width = x.shape
+    x = x.view(sources, heads, group, grouped // group, width).transpose(1, 2)  # (B/G, G, H, T, X)
+    return x.reshape(sources * group, heads, grouped // group, width)  # (B, H, T, X)

@@ -1,0 +1,69 @@
+"""Input embeddings (paper 3.4): token embedding * sqrt(d_model) + position, then dropout (5.4).
+
+The token matrix is an ``nn.Embedding`` passed in, so the source embedding, the target embedding and the
+output projection can share one matrix (paper 3.4) by handing the same object to several places.
+
+Legend: B batch, T length, D model width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.config import TransformerConfig
+from aiayn.nn.norms import layer_norm
+from aiayn.nn.positions import LearnedPositions, SinusoidalPositions
+
+
+def make_positions(config: TransformerConfig) -> nn.Module | None:
+    if config.positions == "sinusoidal":
+        return SinusoidalPositions(config.max_length, config.d_model, config.sinusoid_layout)
+    if config.positions == "learned":
+        return LearnedPositions(config.max_length, config.d_model, config.position_offset)
+    return None
+
+
+class Embeddings(nn.Module):
+    """Token ids (B, T) -> input vectors (B, T, D)."""
+
+    def __init__(self, config: TransformerConfig, tokens: nn.Embedding):
+        super().__init__()
+        self.tokens = tokens
+        self.scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
+        self.positions = make_positions(config)
+        self.max_length = config.max_length
+        self.token_types = (nn.Embedding(config.type_vocab_size, config.d_model)
+                            if config.type_vocab_size else None)
+        self.norm = layer_norm(config) if config.embedding_norm else None
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, ids: Tensor, *, start: int = 0, positions: Tensor | None = None,
+                token_types: Tensor | None = None) -> Tensor:
+        """Embed ``ids`` (B, T) that sit at positions ``start ..`` (or at explicit ``positions``).
+
+        Raises:
+            ValueError: an id outside the vocabulary (on CPU; CUDA asserts on the device instead).
+        """
+        try:  # a range check up front would cost every decoding step a reduction
+            x = self.tokens(ids)  # (B, T, D)
+        except IndexError:
+            vocab = self.tokens.num_embeddings
+            raise ValueError(f"token ids must lie in [0, vocab_size={vocab}), got ids from "
+                             f"{int(ids.min())} to {int(ids.max())}") from None
+        if self.scale != 1.0:
+            x = x * self.scale
+        if self.positions is not None:
+            x = x + self.positions(ids.shape[1], start, positions)  # (T, D) or (B, T, D)
+        elif start + ids.shape[1] > self.max_length:
+            raise ValueError(f"sequence of {start + ids.shape[1]} positions exceeds "
+                             f"max_length={self.max_length}")
+        if self.token_types is not None:
+            # All-zero segments (the default) need no lookup: add row 0 directly.
+            x = x + (self.token_types.weight[0] if token_types is None
+                     else self.token_types(token_types))
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.dropout(x)

@@ -1,0 +1,118 @@
+"""Encoder and decoder layers (paper 3.1) and the residual connection around each sub-layer.
+
+Post-norm (the paper, 3.1 and 5.4):  x = LayerNorm(x + Dropout(Sublayer(x)))
+Pre-norm  (GPT-2, "on layer normalization in the Transformer"):  x = x + Dropout(Sublayer(LayerNorm(x)))
+
+Encoder layer: self-attention, FFN. Decoder layer: masked (causal) self-attention, cross-attention over
+the encoder output (left out for decoder-only models), FFN.
+
+Legend: B batch, T target/query length, S source/memory length, H heads, D model width.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from aiayn.config import TransformerConfig
+from aiayn.nn.attention.cache import KVCache, MemoryCache
+from aiayn.nn.attention.kernels import make_kernel
+from aiayn.nn.attention.multihead import CrossAttention, SelfAttention
+from aiayn.nn.feedforward import FeedForward
+from aiayn.nn.norms import layer_norm
+
+
+class Residual(nn.Module):
+    """The LayerNorm, dropout and residual sum around one sub-layer, in either order.
+
+    A layer calls ``input(x)`` to get what the sub-layer reads and ``add(x, out)`` with what it wrote.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm = layer_norm(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.norm_first = config.norm_first
+
+    def input(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.norm_first else x
+
+    def add(self, x: Tensor, out: Tensor) -> Tensor:
+        out = x + self.dropout(out)
+        return out if self.norm_first else self.norm(out)
+
+
+def make_self_attention(config: TransformerConfig) -> SelfAttention:
+    return SelfAttention(config.d_model, config.n_heads, make_kernel(config),
+                         fused_projections=config.fused_projections,
+                         dropout=config.attention_dropout, bias=config.bias)
+
+
+def make_cross_attention(config: TransformerConfig) -> CrossAttention:
+    return CrossAttention(config.d_model, config.n_heads, make_kernel(config, cross=True),
+                          fused_projections=config.fused_projections,
+                          dropout=config.attention_dropout, bias=config.bias)
+
+
+def make_feedforward(config: TransformerConfig) -> FeedForward:
+    return FeedForward(config.d_model, config.d_ff, activation=config.activation,
+                       dropout=config.activation_dropout, bias=config.bias)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then FFN, each wrapped in a Residual."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.self_attention = make_self_attention(config)
+        self.attention_residual = Residual(config)
+        self.feedforward = make_feedforward(config)
+        self.feedforward_residual = Residual(config)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, D), mask broadcastable to (B, H, T, T). Returns (B, T, D) and the weights."""
+        out, weights = self.self_attention(self.attention_residual.input(x), mask=mask,
+                                           causal=causal, need_weights=need_weights)
+        x = self.attention_residual.add(x, out)
+        x = self.feedforward_residual.add(
+            x, self.feedforward(self.feedforward_residual.input(x)))
+        return x, weights
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention (unless decoder-only), FFN; each in a Residual."""
+
+    def __init__(self, config: TransformerConfig, *, cross_attention: bool = True):
+        super().__init__()
+        self.self_attention = make_self_attention(config)
+        self.self_attention_residual = Residual(config)
+        if cross_attention:
+            self.cross_attention = make_cross_attention(config)
+            self.cross_attention_residual = Residual(config)
+        else:
+            self.cross_attention = None
+        self.feedforward = make_feedforward(config)
+        self.feedforward_residual = Residual(config)
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, cache: KVCache | None = None,
+                memory_cache: MemoryCache | None = None, start: int = 0,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x (B, T, D), at positions ``start ..`` when decoding with this layer's ``cache``.
+
+        ``self_mask`` (padding of the keys) broadcasts to (B, H, T, T_keys), the causal part is always
+        added; ``memory_mask`` broadcasts to (B, H, T, S). Returns (B, T, D), self- and cross-weights.
+        """
+        out, self_weights = self.self_attention(
+            self.self_attention_residual.input(x), mask=self_mask, causal=True, cache=cache,
+            start=start, need_weights=need_weights)
+        x = self.self_attention_residual.add(x, out)
+        cross_weights = None
+        if self.cross_attention is not None:
+            out, cross_weights = self.cross_attention(
+                self.cross_attention_residual.input(x), memory, mask=memory_mask,
+                cache=memory_cache, need_weights=need_weights)
+            x = self.cross_attention_residual.add(x, out)
+        x = self.feedforward_residual.add(
+            x, self.feedforward(self.feedforward_residual.input(x)))
+        return x, self_weights, cross_weights

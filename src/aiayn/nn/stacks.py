@@ -1,0 +1,236 @@
+"""The encoder and decoder stacks (paper 3.1): embeddings, N identical layers, optional final norm.
+
+Every model family is one or two of these stacks plus a head, so masks, caching, input checks and
+attention maps live here once.
+
+Legend: B batch, T target length, S source length, H heads, D model width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.nn.attention.cache import DecoderCache
+from aiayn.config import TransformerConfig
+from aiayn.nn.embedding import Embeddings
+from aiayn.nn.layers import DecoderLayer, EncoderLayer
+from aiayn.masks import check_padding_mask, key_padding_to_attention
+from aiayn.nn.norms import layer_norm
+
+
+@dataclass
+class AttentionMaps:
+    """Attention weights per layer, each (B, H, T, S), computed by the reference kernel.
+
+    ``encoder``: encoder self-attention; ``decoder``: decoder (masked) self-attention;
+    ``cross``: decoder-to-encoder attention. Lists are empty for stacks a model does not have.
+    """
+
+    encoder: list[Tensor] = field(default_factory=list)
+    decoder: list[Tensor] = field(default_factory=list)
+    cross: list[Tensor] = field(default_factory=list)
+
+
+def check_ids(ids: Tensor, name: str) -> None:
+    """Token ids must be an integer (B, T) tensor with T >= 1; values are checked where data enters."""
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"{name} must be a tensor of token ids, got {type(ids).__name__}")
+    if ids.dtype not in (torch.long, torch.int32, torch.int64):
+        raise TypeError(f"{name} must hold integer token ids (torch.long), got {ids.dtype}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, T), got {tuple(ids.shape)}")
+    if ids.shape[1] == 0:
+        raise ValueError(f"{name} is empty (length 0)")
+
+
+def final_norm(config: TransformerConfig) -> nn.Module | None:
+    return layer_norm(config) if config.final_norm else None
+
+
+class Encoder(nn.Module):
+    """Token ids (B, S) -> hidden states (B, S, D)."""
+
+    def __init__(self, config: TransformerConfig, tokens: nn.Embedding):
+        super().__init__()
+        self.embeddings = Embeddings(config, tokens)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
+        self.norm = final_norm(config)
+
+    def forward(self, ids: Tensor, padding_mask: Tensor | None = None, *,
+                token_types: Tensor | None = None, need_weights: bool = False
+                ) -> tuple[Tensor, list[Tensor]]:
+        """``padding_mask`` (B, S), True = real token. Returns hidden states and per-layer weights."""
+        check_ids(ids, "ids")
+        mask = None
+        if padding_mask is not None:
+            check_padding_mask(padding_mask, *ids.shape)
+            mask = key_padding_to_attention(padding_mask)  # (B, 1, 1, S)
+        if token_types is not None and token_types.shape != ids.shape:
+            raise ValueError(f"token_types must have the shape of ids {tuple(ids.shape)}, got "
+                             f"{tuple(token_types.shape)}")
+        x = self.embeddings(ids, token_types=token_types)  # (B, S, D)
+        return self.forward_embedded(x, mask, need_weights=need_weights)
+
+    def forward_embedded(self, x: Tensor, mask: Tensor | None = None, *,
+                         need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """The layers and final norm on already embedded inputs x (B, S, D).
+
+        ``mask`` broadcasts to (B, H, S, S) (e.g. ``key_padding_to_attention(padding_mask)``).
+        """
+        weights = []
+        for layer in self.layers:
+            x, layer_weights = layer(x, mask, need_weights=need_weights)
+            if need_weights:
+                weights.append(layer_weights)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, weights
+
+
+class Decoder(nn.Module):
+    """Token ids (B, T) -> hidden states (B, T, D), attending causally to itself and to ``memory``."""
+
+    def __init__(self, config: TransformerConfig, tokens: nn.Embedding, *, cross_attention: bool):
+        super().__init__()
+        self.embeddings = Embeddings(config, tokens)
+        self.layers = nn.ModuleList(DecoderLayer(config, cross_attention=cross_attention)
+                                    for _ in range(config.n_decoder_layers))
+        self.norm = final_norm(config)
+        self.cross_attention = cross_attention
+        self.max_length = config.max_length
+
+    def new_cache(self, batch: int, max_length: int | None = None, *,
+                  device: torch.device | str | None = None,
+                  dtype: torch.dtype | None = None, rows_per_memory: int = 1) -> DecoderCache:
+        """A preallocated cache for ``batch`` sequences of up to ``max_length`` positions.
+
+        ``rows_per_memory`` G > 1 (beam search: the beam size): every G consecutive rows decode from
+        the same source, so ``memory`` and ``memory_padding_mask`` are given once per source
+        (batch / G rows) and their cross-attention keys/values are computed and kept once.
+
+        Raises:
+            ValueError: ``max_length`` exceeds the position table, or G does not divide ``batch``.
+        """
+        max_length = self.max_length if max_length is None else max_length
+        if max_length > self.max_length:
+            raise ValueError(f"cache of {max_length} positions exceeds the position table "
+                             f"(max_length={self.max_length})")
+        if isinstance(rows_per_memory, int) and rows_per_memory > 1:
+            if not self.cross_attention:
+                raise ValueError("rows_per_memory needs a decoder with cross-attention")
+            if batch % rows_per_memory:
+                raise ValueError(f"rows_per_memory={rows_per_memory} must divide the batch "
+                                 f"({batch})")
+        reference = self.embeddings.tokens.weight
+        device, dtype = device or reference.device, dtype or reference.dtype
+        layers = [layer.self_attention.kernel.new_cache(
+            batch, layer.self_attention.n_heads, max_length, layer.self_attention.head_dim,
+            device=device, dtype=dtype) for layer in self.layers]
+        return DecoderCache(layers, max_length, rows_per_memory=rows_per_memory)
+
+    def forward(self, ids: Tensor, memory: Tensor | None = None, *,
+                padding_mask: Tensor | None = None, memory_padding_mask: Tensor | None = None,
+                cache: DecoderCache | None = None, positions: Tensor | None = None,
+                slots: Tensor | None = None, need_weights: bool = False
+                ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Run T new tokens ``ids`` (B, T).
+
+        Without a cache they sit at positions 0..T-1 and ``padding_mask`` is (B, T). With a cache they
+        sit at ``cache.length ..`` and ``padding_mask`` covers every key so far, (B, cache.length + T);
+        the cache advances by T. ``memory`` (B, S, D) and ``memory_padding_mask`` (B, S) feed the
+        cross-attention (needed on the first cached step only). Returns hidden states, self- and
+        cross-attention weights per layer (empty lists unless ``need_weights``).
+
+        ``slots`` (1,): a fixed-shape step (what a CUDA graph replays): the one new token is written
+        to that cache slot, it attends over every slot of the cache, ``padding_mask`` (B, C) says
+        which hold keys, ``positions`` (B, 1) are required, and ``cache.length`` is neither read nor
+        advanced (the caller counts).
+        """
+        check_ids(ids, "target ids")
+        batch, length = ids.shape
+        if slots is not None:
+            self._check_slots(slots, cache, padding_mask, positions, length)
+            start, keys = slots, cache.max_length
+        else:
+            start = 0 if cache is None else cache.length
+            keys = start + length
+            if cache is not None and keys > cache.max_length:
+                raise ValueError(f"decoding to {keys} positions overflows the cache of "
+                                 f"{cache.max_length}")
+        self_mask = None
+        if padding_mask is not None:
+            check_padding_mask(padding_mask, batch, keys)
+            self_mask = key_padding_to_attention(padding_mask)  # (B, 1, 1, keys)
+        memory_mask = self._memory_mask(memory, memory_padding_mask, cache, batch)
+        if positions is not None and tuple(positions.shape) != (batch, length):
+            raise ValueError(f"positions must have shape (B={batch}, T={length}), got "
+                             f"{tuple(positions.shape)}")
+        x = self.embeddings(ids, start=0 if slots is not None else start,
+                            positions=positions)  # (B, T, D)
+        return self.forward_embedded(x, memory, self_mask=self_mask, memory_mask=memory_mask,
+                                     cache=cache, start=start, advance=slots is None,
+                                     need_weights=need_weights)
+
+    @staticmethod
+    def _check_slots(slots: Tensor, cache: DecoderCache | None, padding_mask: Tensor | None,
+                     positions: Tensor | None, length: int) -> None:
+        if cache is None or padding_mask is None or positions is None:
+            raise ValueError("slots need a cache, a padding_mask over its slots and positions")
+        if length != 1 or tuple(slots.shape) != (1,) or slots.dtype != torch.long:
+            raise ValueError(f"slots decode one token at a time: a (1,) long tensor and ids "
+                             f"(B, 1), got slots {slots.dtype} {tuple(slots.shape)} and {length} "
+                             f"tokens")
+
+    def _memory_mask(self, memory: Tensor | None, memory_padding_mask: Tensor | None,
+                     cache: DecoderCache | None, batch: int) -> Tensor | None:
+        """The cross-attention mask (B / G, 1, 1, S) after checking the memory's shapes."""
+        if not self.cross_attention:
+            return None
+        if memory is None and (cache is None or cache.source_length is None):
+            raise ValueError("the decoder of an encoder-decoder model needs the encoder output")
+        group = 1 if cache is None else cache.rows_per_memory
+        if batch % group:
+            raise ValueError(f"the cache shares each memory row among {group} rows, but the "
+                             f"batch has {batch} rows")
+        sources = batch // group  # memory rows (B / G)
+        if memory is not None and (memory.dim() != 3 or memory.shape[0] != sources):
+            raise ValueError(f"memory must have shape (B={sources}, S, D), got "
+                             f"{tuple(memory.shape)}")
+        if memory_padding_mask is None:
+            return None
+        source_length = memory.shape[1] if memory is not None else cache.source_length
+        check_padding_mask(memory_padding_mask, sources, source_length, "memory_padding_mask")
+        return key_padding_to_attention(memory_padding_mask)  # (B / G, 1, 1, S)
+
+    def forward_embedded(self, x: Tensor, memory: Tensor | None = None, *,
+                         self_mask: Tensor | None = None, memory_mask: Tensor | None = None,
+                         cache: DecoderCache | None = None, start: int | Tensor | None = None,
+                         advance: bool = True, need_weights: bool = False
+                         ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """The layers and final norm on already embedded inputs x (B, T, D).
+
+        ``self_mask`` broadcasts to (B, H, T, T_keys) and is combined with the causal mask;
+        ``memory_mask`` broadcasts to (B, H, T, S). With a cache, x sits at ``start`` (default
+        ``cache.length``), which advances by T unless ``advance`` is False.
+        """
+        if start is None:
+            start = 0 if cache is None else cache.length
+        self_weights, cross_weights = [], []
+        for index, layer in enumerate(self.layers):
+            x, self_w, cross_w = layer(
+                x, memory, self_mask=self_mask, memory_mask=memory_mask, start=start,
+                cache=None if cache is None else cache.self_attention[index],
+                memory_cache=None if cache is None else cache.cross[index],
+                need_weights=need_weights)
+            if need_weights:
+                self_weights.append(self_w)
+                if cross_w is not None:
+                    cross_weights.append(cross_w)
+        if self.norm is not None:
+            x = self.norm(x)
+        if cache is not None and advance:
+            cache.length += x.shape[1]
+        return x, self_weights, cross_weights

@@ -1,0 +1,316 @@
+"""aiayn.fast: the inference engine beside the plain model.
+
+Its compiled steps give the eager tokens without graph breaks; weights changed after preparing, in any
+way (in place through ``.data``, ``load_state_dict``, ``AveragedModel``), are what decoding uses;
+two engines in one process keep their own options; a user's ``nn.Linear`` subclass swapped into a
+projection is called, not bypassed; a failing compiler falls back to the plain step with a warning.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn import CausalLM, Transformer, TransformerConfig
+from aiayn.decoding.beam import beam_search
+from aiayn.decoding.generation import decode_step, generate
+from aiayn.decoding.greedy import decoder_step, greedy_search
+from aiayn.fast import InferenceEngine, InferenceOptions, prepare_for_inference
+from aiayn.fast.inference import CompiledStep
+
+CONFIG = TransformerConfig.preset("tiny", vocab_size=60, max_length=48)
+SOURCES = torch.tensor([[5, 9, 12, 7, 3, 8], [11, 4, 6, 0, 0, 0], [7, 7, 21, 30, 2, 0]])
+PROMPTS = [[5, 6, 7, 8], [9, 10]]
+
+
+def translator(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(CONFIG).eval()
+
+
+def lm(seed: int = 0) -> CausalLM:
+    torch.manual_seed(seed)
+    return CausalLM(CONFIG.replace(norm_first=True, n_encoder_layers=0)).eval()
+
+
+def source_mask() -> torch.Tensor:
+    return SOURCES != CONFIG.pad_id
+
+
+def outputs(model: nn.Module, engine: InferenceEngine | None = None) -> dict[str, object]:
+    """Every decoding mode's result: greedy and beam search and teacher-forced logits
+    (encoder-decoder), greedy and seeded sampling and one cached step's logits (decoder-only)."""
+    engine = engine or prepare_for_inference(model, InferenceOptions(compile=False))
+    if isinstance(model, Transformer):
+        with torch.no_grad():
+            logits = model(SOURCES, SOURCES[:, :4], src_padding_mask=source_mask())
+        return {"logits": logits,
+                "greedy": [h.tokens for h in engine.greedy_search(SOURCES, source_mask(),
+                                                                  max_extra=6)],
+                "beam": [h.tokens for h in engine.beam_search(SOURCES, source_mask(),
+                                                              beam_size=3, max_extra=6)]}
+    cache = model.new_cache(2, 16)
+    with torch.no_grad():
+        model(torch.tensor([[5, 6, 7], [8, 9, 10]]), cache=cache)
+        logits = engine.decode_step(model, torch.tensor([[11], [12]]), None, None, cache)
+    return {"greedy": engine.generate(PROMPTS, max_new_tokens=8, greedy=True).tokens,
+            "sampled": engine.generate(PROMPTS, max_new_tokens=8, seed=3).tokens,
+            "step": logits}
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for key in want:
+        if isinstance(want[key], torch.Tensor):
+            torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-5, msg=key)
+        else:
+            assert got[key] == want[key], key
+
+
+def fresh_copy(model: nn.Module) -> nn.Module:
+    """A new model of the same class holding ``model``'s current weights."""
+    fresh = type(model)(model.config).eval()
+    fresh.load_state_dict(model.state_dict())
+    return fresh
+
+
+def perturb_through_data(model: nn.Module, std: float) -> None:
+    """An EMA / weight-averaging style update that bypasses autograd's version counters."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data.mul_(0.5).add_(torch.randn(p.shape, generator=generator) * std)
+
+
+# --- the plain engine (no compiling): every decoding mode after every kind of weight change -------
+@pytest.mark.parametrize("build", [translator, lm], ids=["encoder-decoder", "decoder-only"])
+@pytest.mark.parametrize("std", [0.05, 0.5])
+def test_decoding_after_an_in_place_data_update_equals_a_fresh_model(build, std):
+    model = build()
+    engine = prepare_for_inference(model, InferenceOptions(compile=False))
+    outputs(model, engine)  # decode once before the update
+    perturb_through_data(model, std)
+    assert_same(outputs(model, engine), outputs(fresh_copy(model)))
+
+
+@pytest.mark.parametrize("build", [translator, lm], ids=["encoder-decoder", "decoder-only"])
+def test_load_state_dict_after_preparing_is_used(build):
+    model, other = build(0), build(1)
+    engine = prepare_for_inference(model, InferenceOptions(compile=False))
+    before = outputs(model, engine)
+    model.load_state_dict(other.state_dict())
+    after = outputs(model, engine)
+    assert_same(after, outputs(other))
+    assert after["greedy"] != before["greedy"]
+
+
+def test_averaged_model_decodes_with_its_averaged_weights():
+    model = lm()
+    averaged = torch.optim.swa_utils.AveragedModel(model)
+    engine = prepare_for_inference(averaged.module, InferenceOptions(compile=False))
+    outputs(averaged.module, engine)
+    perturb_through_data(model, 0.3)
+    averaged.update_parameters(model)  # in place, into the module the engine holds
+    want = fresh_copy(averaged.module)
+    assert_same(outputs(averaged.module, engine), outputs(want))
+
+
+class CountingLinear(nn.Linear):
+    """A user's ``nn.Linear`` subclass (LoRA, quantised, ...): adds a visible offset and counts."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        CountingLinear.calls += 1
+        return super().forward(x) + 0.25
+
+
+def swap_in_counting_linears(model: nn.Module) -> int:
+    """Every attention and FFN projection replaced by a ``CountingLinear`` with its weights."""
+    swapped = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                new = CountingLinear(child.in_features, child.out_features,
+                                     bias=child.bias is not None)
+                new.load_state_dict(child.state_dict())
+                setattr(module, name, new)
+                swapped += 1
+    return swapped
+
+
+@pytest.mark.parametrize("build", [translator, lm], ids=["encoder-decoder", "decoder-only"])
+def test_a_swapped_in_linear_subclass_is_called_in_every_path(build):
+    model = build()
+    plain = outputs(model)
+    assert swap_in_counting_linears(model) > 0
+    CountingLinear.calls = 0
+    swapped = outputs(model)
+    assert CountingLinear.calls > 0
+    logits = "logits" if "logits" in plain else "step"
+    assert not torch.allclose(swapped[logits], plain[logits])  # the offset reached the output
+
+
+# --- compiled engines ----------------------------------------------------------------------------
+@pytest.fixture
+def no_graph_breaks():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    breaks = dict(counters["graph_break"])
+    torch._dynamo.reset()
+    assert not breaks, breaks
+
+
+@pytest.mark.slow  # compiles (tens of seconds on 2 cores)
+@pytest.mark.parametrize("build", [translator, lm], ids=["encoder-decoder", "decoder-only"])
+def test_compiled_steps_give_the_eager_results_and_follow_weight_changes(build, no_graph_breaks):
+    """Sentences finish at different steps (the compiled step sees the rows shrink), prompts are
+    left-padded; after a ``.data`` update the compiled graphs read the new weights."""
+    model = build()
+    compiled = prepare_for_inference(model, InferenceOptions(compile=True))
+    plain = prepare_for_inference(model, InferenceOptions(compile=False))
+    assert_same(outputs(model, compiled), outputs(model, plain))
+    perturb_through_data(model, 0.3)
+    assert_same(outputs(model, compiled), outputs(fresh_copy(model)))
+    assert isinstance(compiled.decoder_step, CompiledStep) and not compiled.decoder_step.failed
+    assert plain.decoder_step is decoder_step and plain.decode_step is decode_step
+
+
+@pytest.mark.slow
+def test_two_models_with_different_options_in_one_process():
+    first, second = lm(0), lm(1)
+    compiled = prepare_for_inference(first, InferenceOptions(compile=True))
+    plain = prepare_for_inference(second, InferenceOptions(compile=False))
+    assert compiled.options.compile and not plain.options.compile
+    assert_same(outputs(first, compiled), outputs(first))
+    assert_same(outputs(second, plain), outputs(second))
+    assert outputs(first)["greedy"] != outputs(second)["greedy"]
+
+
+def test_a_failing_compiler_falls_back_to_the_plain_step_with_a_warning(monkeypatch):
+    model = translator()
+    engine = prepare_for_inference(model, InferenceOptions(compile=True))
+
+    def broken(*args):
+        raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+
+    monkeypatch.setattr(engine.decoder_step, "compiled", broken)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed.*InvalidCxxCompiler"):
+        got = [h.tokens for h in engine.greedy_search(SOURCES, source_mask(), max_extra=6)]
+    assert got == [h.tokens for h in greedy_search(model, SOURCES, source_mask(), max_extra=6)]
+    assert engine.decoder_step.failed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once, then plain without a word
+        engine.greedy_search(SOURCES, source_mask(), max_extra=6)
+
+
+def test_input_errors_are_raised_not_swallowed_by_the_fallback():
+    engine = prepare_for_inference(lm(), InferenceOptions(compile=True))
+    engine.decode_step.compiled = engine.decode_step.plain  # no compiling needed here
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.generate([[5, 999]], max_new_tokens=2)
+    assert not engine.decode_step.failed
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(compile="yes"), "compile must be True or False"),
+    (dict(mode="fastest"), "mode must be one of"),
+])
+def test_bad_options_name_the_problem(options, message):
+    with pytest.raises(ValueError, match=message):
+        InferenceOptions(**options)
+
+
+def test_prepare_needs_an_aiayn_model():
+    with pytest.raises(TypeError, match="needs an aiayn model"):
+        prepare_for_inference(nn.Linear(2, 2))
+
+
+def test_engine_searches_are_the_library_functions_on_its_steps():
+    model = translator()
+    engine = prepare_for_inference(model, InferenceOptions(compile=False))
+    mask = source_mask()
+    assert [h.tokens for h in engine.beam_search(SOURCES, mask, beam_size=2, max_extra=5)] == \
+        [h.tokens for h in beam_search(model, SOURCES, mask, beam_size=2, max_extra=5)]
+    causal = lm()
+    assert prepare_for_inference(causal, InferenceOptions(compile=False)).generate(
+        PROMPTS, max_new_tokens=4, greedy=True).tokens == generate(
+        causal, PROMPTS, max_new_tokens=4, greedy=True).tokens
+    assert copy.copy(engine.options) == InferenceOptions(compile=False)
+
+
+# --- fixed-shape steps (what a CUDA graph replays), run as plain calls on the CPU -----------------
+@pytest.mark.parametrize("prompts", [[[5, 6, 7, 8], [9, 10, 11, 12]], PROMPTS],
+                         ids=["same-length", "left-padded"])
+@pytest.mark.parametrize("options", [dict(greedy=True), dict(seed=3, top_k=20),
+                                     dict(greedy=True, stop_ids=(7, 13))],
+                         ids=["greedy", "sampled", "stop-ids"])
+def test_fixed_shape_steps_give_the_plain_loops_tokens(prompts, options):
+    from aiayn.fast.cuda_graphs import GraphedSteps
+
+    model = lm()
+    steps = GraphedSteps(use_graph=False)
+    for _ in range(2):  # the second call reuses the first's cache and buffers
+        got = generate(model, prompts, max_new_tokens=12, steps=steps, **options)
+        want = generate(model, prompts, max_new_tokens=12, **options)
+        assert got.tokens == want.tokens and got.finish_reasons == want.finish_reasons
+    assert len(steps.shapes) == 1
+
+
+def test_fixed_shape_steps_slide_past_the_context_like_the_plain_loop():
+    from aiayn.fast.cuda_graphs import GraphedSteps
+
+    model = lm()
+    steps = GraphedSteps(use_graph=False)
+    got = generate(model, PROMPTS, max_new_tokens=30, greedy=True, context=12, slide=True,
+                   steps=steps)
+    want = generate(model, PROMPTS, max_new_tokens=30, greedy=True, context=12, slide=True)
+    assert got.tokens == want.tokens and len(got.tokens[0]) == 30
+
+
+def test_a_slot_step_equals_the_full_forward():
+    model = lm()
+    ids = torch.randint(3, 60, (2, 10))
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache(2, 16)
+        model(ids[:, :4], cache=cache)
+        mask = torch.zeros(2, 16, dtype=torch.bool)
+        mask[:, :4] = True
+        for t in range(4, 10):
+            mask[:, t] = True
+            got = model(ids[:, t:t + 1], cache=cache, slots=torch.tensor([t]), padding_mask=mask,
+                        positions=torch.full((2, 1), t))
+            torch.testing.assert_close(got[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+    assert cache.length == 4  # slots neither read nor advance the host count
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(padding_mask=None), "slots need a cache, a padding_mask"),
+    (dict(slots=torch.tensor([1, 2])), "one token at a time"),
+    (dict(ids=torch.tensor([[3, 4]])), "one token at a time"),
+    (dict(padding_mask=torch.ones(1, 5, dtype=torch.bool)), r"padding_mask must have shape"),
+])
+def test_bad_slot_steps_name_the_problem(kwargs, message):
+    model = lm()
+    cache = model.new_cache(1, 8)
+    arguments = dict(ids=torch.tensor([[3]]), cache=cache, slots=torch.tensor([0]),
+                     padding_mask=torch.ones(1, 8, dtype=torch.bool),
+                     positions=torch.zeros(1, 1, dtype=torch.long))
+    arguments.update(kwargs)
+    ids = arguments.pop("ids")
+    with pytest.raises(ValueError, match=message):
+        model(ids, **arguments)
+
+
+def test_cuda_graphs_apply_only_to_cuda_models_with_exact_kernels():
+    engine = prepare_for_inference(lm(), InferenceOptions(compile=False))
+    assert not engine.uses_cuda_graphs()  # a CPU model
+    assert type(engine.generation_steps()).__name__ == "Steps"
