@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything a lent GPU is for, as one device call (about 8 minutes; give the call 570 s): the device
+# Everything a lent GPU is for, as one device call (at most 550 s of steps; give the call 580 s): the device
 # tests (tests/test_devices.py on CUDA), then benchmarks/gpu.py's rows, most important first, each
 # step under its own time limit and writing its own results as it goes (a step cut short, or a
 # failing one, leaves the later steps their time and the earlier results on disk).
@@ -31,8 +31,8 @@ bench() {  # bench NAME SECONDS ROWS...: benchmarks/gpu.py on those rows, JSON i
     step "$name" "$limit" python3 benchmarks/gpu.py --device "$device" "${shapes[@]}" --only "$@" \
         --rounds 6 --row-budget-s 20 --out "$out/$name.json"
 }
-bench lm_train 190 lm_train
-bench decoding 150 greedy1 greedy8 sample8
-step device_tests 90 python3 -m pytest -q -p no:cacheprovider -x tests/test_devices.py
-bench others 100 seq2seq_train beam encoder
+bench lm_train 200 lm_train
+bench decoding 140 greedy1 greedy8 sample8
+step device_tests 80 python3 -m pytest -q -p no:cacheprovider -x tests/test_devices.py
+bench others 130 seq2seq_train beam encoder
 exit $status

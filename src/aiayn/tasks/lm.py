@@ -42,7 +42,10 @@ def token_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
         logits = model.lm_head(hidden)  # (B, T, V)
     else:
         logits = model(inputs)  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
+    # In the logits' dtype, as nanoGPT computes it (under bf16 autocast no float32 copy of the
+    # (B * T, V) logits); the per-token losses are summed in float32.
+    losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")  # (B * T,)
+    return losses.float().sum()
 
 
 @torch.no_grad()
