@@ -18,8 +18,9 @@ import torch
 
 from aiayn import CausalLM, TransformerConfig, onednn_linear
 from aiayn.training import TrainingConfig, train
-from aiayn.training.checkpoint import list_checkpoints, read_tensors
+from aiayn.training.checkpoint import list_checkpoints
 from aiayn.training.distributed import Parallel, process_group_from_env, transformer_layers
+from aiayn.training.weights import read_tensors
 
 PAD = 0
 CONFIG = TransformerConfig.preset("tiny", vocab_size=23, d_model=16, n_heads=2, d_ff=32,

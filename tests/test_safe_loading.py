@@ -144,13 +144,13 @@ def load_run(path: Path, **kwargs: Any):
 
 
 def read_tensors(path: Path):
-    from aiayn.training.checkpoint import read_tensors as read
+    from aiayn.training.weights import read_tensors as read
 
     return read(path)
 
 
 def load_weights(path: Path):
-    from aiayn.training.checkpoint import load_weights as load
+    from aiayn.training.weights import load_weights as load
 
     return load(TransformerEncoder(BERT_LIKE), path)
 

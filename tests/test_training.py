@@ -14,7 +14,8 @@ from aiayn import Transformer, TransformerConfig
 from aiayn.training import (Schedule, TrainingConfig, average_checkpoints,
                             label_smoothed_cross_entropy, load_run, noam, train, warmup_cosine)
 from aiayn.training import checkpoint as checkpoint_module
-from aiayn.training.checkpoint import list_checkpoints, read_tensors
+from aiayn.training.checkpoint import list_checkpoints
+from aiayn.training.weights import read_tensors
 
 PAD, BOS, EOS = 0, 1, 2
 

@@ -144,7 +144,7 @@ def _read_safetensors(path: Path) -> dict[str, Tensor]:
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, RuntimeError, ValueError) as error:
-        from aiayn.training.checkpoint import pickle_hint
+        from aiayn.training.weights import pickle_hint
 
         raise ValueError(f"{path}: not a readable safetensors file, truncated or corrupt "
                          f"({error}){pickle_hint(path)}") from None

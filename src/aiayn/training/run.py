@@ -22,7 +22,8 @@ from typing import Any
 from torch import nn
 
 from aiayn.config import TransformerConfig
-from aiayn.training.checkpoint import list_checkpoints, load_weights, read_checkpoint
+from aiayn.training.checkpoint import list_checkpoints, read_checkpoint
+from aiayn.training.weights import load_weights
 
 FORMAT_VERSION = 1
 RUN_FILE = "run.json"

@@ -31,14 +31,16 @@ from torch import nn
 
 from aiayn.training import distributed
 from aiayn.training.checkpoint import (
-    atomic_write_bytes, atomic_write_json, average_checkpoints, assign_weights, capture_rng,
-    list_checkpoints, load_weights, optimizer_from_tensors, optimizer_to_tensors, read_checkpoint,
-    remove_checkpoint, remove_temporaries, restore_rng, save_weights, write_checkpoint)
+    atomic_write_bytes, atomic_write_json, list_checkpoints, read_checkpoint, remove_checkpoint,
+    remove_temporaries, save_weights, write_checkpoint)
 from aiayn.training.run import (
     CHECKPOINT_DIR, FORMAT_VERSION, LOG_FILE, RUN_FILE, TENSORBOARD_DIR, WEIGHTS_FILE, qualified_name,
     read_run_info)
 from aiayn.training.schedules import Schedule
 from aiayn.training.task import Task
+from aiayn.training.trainer_state import (capture_rng, optimizer_from_tensors,
+                                          optimizer_to_tensors, restore_rng)
+from aiayn.training.weights import assign_weights, average_checkpoints, load_weights
 
 
 @dataclass(kw_only=True)
