@@ -11,8 +11,9 @@ On CPUs with native bf16 kernels the step of aiayn and of HF GPT-2 is timed agai
 autocast (each side its own model; the "lm train step (bf16)" row).
 
 ``--compile`` adds ``aiayn+compile``, what ``aiayn train --compile`` does (each layer compiled,
-``aiayn.training.distributed.compile_layers``; the chunked loss eager), and ``aiayn+compile-model``,
-the whole model's call compiled as a user's ``torch.compile(model)`` would (logits, plain loss).
+``aiayn.training.layer_wrappers.compile_layers``; the chunked loss eager), and
+``aiayn+compile-model``, the whole model's call compiled as a user's ``torch.compile(model)`` would
+(logits, plain loss).
 
     python3 benchmarks/lm_train.py [--d-model 256] [--compile]
 """
@@ -31,7 +32,7 @@ from common import (aiayn_optimizer, alternate, cpu_bf16_supported, memory_main,
 from peers import NanoGPT, aiayn_from_hf, hf_gpt2, matmul_flops_per_token
 
 from aiayn.tasks.lm import token_loss
-from aiayn.training.distributed import compile_layers
+from aiayn.training.layer_wrappers import compile_layers
 
 LAYERS, LENGTH, BATCH, VOCAB = 4, 256, 8, 8192
 

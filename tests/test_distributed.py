@@ -19,7 +19,9 @@ import torch
 from aiayn import CausalLM, TransformerConfig, onednn_linear
 from aiayn.training import TrainingConfig, train
 from aiayn.training.checkpoint import list_checkpoints
-from aiayn.training.distributed import Parallel, process_group_from_env, transformer_layers
+from aiayn.training.distributed import Parallel
+from aiayn.training.layer_wrappers import transformer_layers
+from aiayn.training.process_group import process_group_from_env
 from aiayn.training.weights import read_tensors
 
 PAD = 0
@@ -356,7 +358,7 @@ def test_compile_layers_compiles_the_layers_and_keeps_the_chunked_loss(monkeypat
     from aiayn import CausalLM, TransformerConfig
     from aiayn.tasks.lm import token_loss
     from aiayn.training import linear_cross_entropy as lce
-    from aiayn.training.distributed import compile_layers
+    from aiayn.training.layer_wrappers import compile_layers
 
     model = CausalLM(TransformerConfig.preset("tiny", norm_first=True))
     assert compile_layers(model) == model.config.n_decoder_layers  # lazy: nothing compiled yet

@@ -189,7 +189,7 @@ def training_config_from_args(args: argparse.Namespace, d_model: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.training.distributed import process_group_from_env
+    from aiayn.training.process_group import process_group_from_env
 
     # Under torchrun: join the process group (and leave it even when training fails).
     with process_group_from_env(device=args.device, timeout_s=args.dist_timeout) as device:
@@ -202,7 +202,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from aiayn.config import TransformerConfig
     from aiayn.training import train
-    from aiayn.training.distributed import world_size_from_env
+    from aiayn.training.process_group import world_size_from_env
 
     if args.threads:
         torch.set_num_threads(args.threads)

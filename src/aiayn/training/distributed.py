@@ -1,7 +1,9 @@
 """Training on several processes with ``torch.distributed``: DDP, FSDP2, batch sharding, metrics.
 
 The trainer talks to the process group only through ``Parallel``; with one process every method is
-a no-op, so single-process training is unchanged. Launch with torchrun (see docs/distributed.md)::
+a no-op, so single-process training is unchanged. Joining and leaving the process group is
+``process_group.py``; the checks that every rank was launched alike are ``rank_agreement.py``.
+Launch with torchrun (see docs/distributed.md)::
 
     torchrun --nproc-per-node 4 -m aiayn train lm --data input.txt --out runs/lm
 
@@ -31,136 +33,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
-import json
-import os
-from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch import distributed as dist
 
+# The per-layer wrappers that Parallel.wrap applies.
+from aiayn.training.layer_wrappers import (apply_activation_checkpointing, compile_layers,
+                                           transformer_layers)
+from aiayn.training.rank_agreement import check_agreement
+
 STRATEGIES = ("ddp", "fsdp")
-
-
-# --- process group lifecycle --------------------------------------------------------------------
-def world_size_from_env() -> int:
-    """WORLD_SIZE set by torchrun (1 when launched as a plain process)."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        raise ValueError(f"WORLD_SIZE must be an integer, got {os.environ['WORLD_SIZE']!r}") \
-            from None
-
-
-def rank_device(device: str | None) -> str:
-    """The device this rank trains on: "cuda" (or None with a GPU) becomes cuda:LOCAL_RANK."""
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    parsed = torch.device(device)
-    if parsed.type == "cuda" and parsed.index is None:
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-    return device
-
-
-@contextlib.contextmanager
-def process_group_from_env(*, device: str | None, timeout_s: float = 1800.0
-                           ) -> Iterator[str | None]:
-    """Initialise the default process group from torchrun's environment for the block, and destroy
-    it when the block exits, also on an error (so a failing rank never leaves its peers hanging
-    longer than ``timeout_s``).
-
-    Without torchrun (WORLD_SIZE unset or 1) nothing happens and ``device`` is yielded unchanged.
-    Otherwise the backend is NCCL for CUDA devices and gloo for the CPU, and the yielded device is
-    this rank's (cuda:LOCAL_RANK).
-
-    Args:
-        device: "cpu", "cuda", "cuda:1", ... or None (cuda if available).
-        timeout_s: how long a collective waits for a missing rank before failing.
-
-    Raises:
-        ValueError: a non-positive timeout or a malformed torchrun environment.
-        RuntimeError: torch.distributed is not available in this build.
-    """
-    if not timeout_s > 0:
-        raise ValueError(f"the process group timeout must be positive, got {timeout_s!r}")
-    if world_size_from_env() <= 1 or (dist.is_available() and dist.is_initialized()):
-        yield device
-        return
-    if not dist.is_available():
-        raise RuntimeError("this PyTorch build has no torch.distributed; install one that has it")
-    for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        if name not in os.environ:
-            raise ValueError(f"WORLD_SIZE is set but {name} is not: launch with torchrun")
-    device = rank_device(device)
-    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(torch.device(device))
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    try:
-        yield device
-    finally:
-        dist.destroy_process_group()
-
-
-# --- per-layer wrappers -------------------------------------------------------------------------
-def transformer_layers(module: nn.Module) -> list[nn.Module]:
-    """The encoder/decoder layers of an aiayn model (the units of checkpointing and sharding)."""
-    from aiayn.nn.layers import DecoderLayer, EncoderLayer
-
-    return [m for m in module.modules() if isinstance(m, (EncoderLayer, DecoderLayer))]
-
-
-def compile_layers(module: nn.Module) -> int:
-    """``torch.compile`` each encoder/decoder layer in place (regional compilation); return how many.
-
-    Not the whole model: a compiled model call returns the logits, so the task losses would have to
-    take that call and lose the chunked output projection + loss (``aiayn.training.
-    linear_cross_entropy``), which never builds the (N, V) logits. Measured (``python3
-    benchmarks/run_all.py --compile``, AMD EPYC Zen 4, 2 threads, medians of three runs): the
-    compiled whole model 1.12x HF GPT-2's training step, the compiled layers 1.29x (the eager step
-    1.31x). Identical layers share compiled code. In float32 CPU training the attention runs between
-    two graphs of a layer (``aiayn.nn.attention.gemm_attention.attention_between_graphs``, one graph
-    break a layer): 1.016-1.066x the step with SDPA traced into one graph, at the same compile time
-    (15-16 s for the first two steps of the benchmark's model with an empty inductor cache).
-    """
-    from aiayn.nn.stacks import Encoder
-
-    layers = transformer_layers(module)
-    if not layers:
-        raise ValueError("compile: the model has no encoder/decoder layers")
-    for layer in layers:
-        layer.compile()
-    for encoder in module.modules():
-        if isinstance(encoder, Encoder):  # packed lengths vary per batch: one recompile each
-            encoder.skips_padding = False
-    return len(layers)
-
-
-def apply_activation_checkpointing(module: nn.Module) -> int:
-    """Recompute each layer's activations in the backward pass instead of storing them.
-
-    Trades about one extra forward per layer for activation memory that no longer grows with the
-    number of layers. The layer's ``forward`` is replaced in place (parameter names are unchanged,
-    so checkpoints stay compatible); dropout masks are replayed exactly (RNG state preserved), so
-    loss and gradients equal the plain run's. Inference (no grad, or with a KV cache) runs the plain
-    forward. Returns the number of layers wrapped.
-    """
-    from torch.utils.checkpoint import checkpoint
-
-    layers = transformer_layers(module)
-    for layer in layers:
-        plain = layer.forward
-
-        def forward(*args: Any, _plain=plain, **kwargs: Any) -> Any:
-            if not torch.is_grad_enabled() or kwargs.get("cache") is not None:
-                return _plain(*args, **kwargs)
-            return checkpoint(_plain, *args, use_reentrant=False, **kwargs)
-
-        layer.forward = forward
-    return len(layers)
 
 
 # --- the trainer's view of the process group ----------------------------------------------------
@@ -393,82 +277,12 @@ class Parallel:
 
     # -- agreement between ranks -----------------------------------------------------------------
     def check_agreement(self, parts: dict[str, Any]) -> None:
-        """Raise on every rank if the ranks disagree on any of ``parts`` (JSON-able values or
-        tensors), naming the part and the ranks. One all-gather of 32-byte digests per part."""
-        if not self.active:
-            return
-        names = sorted(parts)
-        digests = torch.tensor([list(_digest(parts[name])) for name in names], dtype=torch.uint8,
-                               device=self._comm_device)
-        gathered = [torch.empty_like(digests) for _ in range(self.world_size)]
-        dist.all_gather(gathered, digests)
-        problems = []
-        for row, name in enumerate(names):
-            differ = [rank for rank in range(1, self.world_size)
-                      if not torch.equal(gathered[rank][row], gathered[0][row])]
-            if differ:
-                problems.append(f"{name} (rank(s) {', '.join(map(str, differ))} differ from "
-                                f"rank 0)")
-        if problems:
-            raise ValueError(f"the {self.world_size} ranks disagree on: {'; '.join(problems)}. "
-                             f"Launch every rank with the same command, data and run directory")
-
-
-def _digest(value: Any) -> bytes:
-    hasher = hashlib.sha256()
-    _feed(hasher, value)
-    return hasher.digest()
-
-
-def _feed(hasher: Any, value: Any) -> None:
-    if isinstance(value, Tensor):
-        tensor = value.detach().cpu().contiguous()
-        hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
-        hasher.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    elif isinstance(value, (list, tuple)):
-        hasher.update(b"[")
-        for item in value:
-            _feed(hasher, item)
-        hasher.update(b"]")
-    elif isinstance(value, dict):
-        hasher.update(b"{")
-        for key in sorted(value, key=str):
-            hasher.update(str(key).encode())
-            _feed(hasher, value[key])
-        hasher.update(b"}")
-    elif isinstance(value, (str, int, float, bool, type(None))):
-        hasher.update(json.dumps(value).encode())
-    elif hasattr(value, "__dict__"):  # a batch object: its fields (never its id-based repr)
-        hasher.update(type(value).__qualname__.encode())
-        _feed(hasher, vars(value))
-    else:
-        hasher.update(repr(value).encode())
+        """Raise on every rank if the ranks disagree on any of ``parts`` (``rank_agreement``)."""
+        if self.active:
+            check_agreement(parts, world_size=self.world_size, device=self._comm_device)
 
 
 def rank_seed(seed: int, rank: int, step: int) -> int:
     """The torch seed of rank > 0 from ``step`` on: its own dropout stream, reproducible on resume
     (rank 0 keeps the seed and RNG state of a one-process run, saved in the checkpoint)."""
     return (seed * 1_000_003 + rank * 7_919 + step) % (2**63 - 1)
-
-
-def data_fingerprint(task: Any, batches: int = 4) -> Any:
-    """What identifies a task's training data cheaply: ``task.fingerprint()`` if the task has one,
-    else the contents of the first few batches of epoch 0."""
-    fingerprint = getattr(task, "fingerprint", None)
-    if callable(fingerprint):
-        return fingerprint()
-    sample = []
-    for index, batch in enumerate(task.train_batches(0)):
-        if index == batches:
-            break
-        sample.append(batch)
-    return sample
-
-
-def parameter_fingerprint(module: nn.Module) -> Tensor:
-    """Per-parameter float64 sums and sums of squares: equal initial weights on every rank (FSDP
-    shards each rank's own copy, so a rank built from another seed would silently mix models)."""
-    with torch.no_grad():
-        stats = [torch.stack([p.double().sum(), p.double().square().sum()])
-                 for p in module.parameters()]
-    return torch.stack(stats).cpu() if stats else torch.zeros(0)

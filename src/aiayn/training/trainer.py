@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from aiayn.training import distributed
+from aiayn.training import distributed, rank_agreement
 from aiayn.training.checkpoint import (
     atomic_write_bytes, atomic_write_json, list_checkpoints, read_checkpoint, remove_checkpoint,
     remove_temporaries, save_weights, write_checkpoint)
@@ -376,8 +376,8 @@ def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | P
         "training config": {key: value for key, value in config.to_dict().items()
                             if key not in ("device", "progress")},
         "model config": model_config.to_dict(), "task": task.name,
-        "training data": distributed.data_fingerprint(task),
-        "initial weights": distributed.parameter_fingerprint(model),
+        "training data": rank_agreement.data_fingerprint(task),
+        "initial weights": rank_agreement.parameter_fingerprint(model),
         "checkpoint to resume": (checkpoints[-1] / "trainer_state.json").read_bytes()
         if checkpoints else None})
     if checkpoints:  # weights go in before FSDP shards them
