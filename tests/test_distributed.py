@@ -99,10 +99,24 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+def _threads() -> list[str]:
+    """The names of this process's native threads (Linux; [] elsewhere)."""
+    names = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return sorted(names)
+
+
 def _worker(rank, world, port, run_dir, config_changes, task_changes, timeout_s, error_file):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    # The native threads before joining the process group and after leaving it.
+    threads_file = Path(error_file).with_suffix(".threads")
+    threads_file.write_text(json.dumps({"before": _threads()}), encoding="utf-8")
     try:
         with process_group_from_env(device="cpu", timeout_s=timeout_s):
             onednn_rows = task_changes.pop("onednn_min_rows", None)
@@ -121,7 +135,14 @@ def _worker(rank, world, port, run_dir, config_changes, task_changes, timeout_s,
     except BaseException as error:  # reported to the test through a file
         Path(error_file).write_text(f"{type(error).__name__}: {error}\n"
                                     f"{traceback.format_exc()}", encoding="utf-8")
+        _record_threads_after(threads_file)
         sys.exit(1)
+    _record_threads_after(threads_file)
+
+
+def _record_threads_after(path: Path) -> None:
+    record = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**record, "after": _threads()}), encoding="utf-8")
 
 
 def _launch(run_dir, *, world=2, config=None, task=None, per_rank_config=None,
@@ -261,6 +282,30 @@ def test_a_failing_rank_shuts_every_rank_down_without_hanging(tmp_path):
     assert codes[0] == 1 and "simulated failure on rank 0" in errors[0]
     assert codes[1] not in (0, "hung"), errors[1]
     assert not list_checkpoints(tmp_path / "run" / "checkpoints")
+
+
+def _threads_left(run_dir, rank):
+    record = json.loads((Path(run_dir).parent / f"{Path(run_dir).name}.rank{rank}.threads")
+                        .read_text(encoding="utf-8"))
+    return record["before"], record["after"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="lists threads through /proc")
+@pytest.mark.parametrize("fail", [False, True], ids=["finishing", "failing"])
+def test_leaving_the_process_group_ends_its_threads_on_every_rank(tmp_path, fail):
+    """The group is destroyed before the process_group_from_env block is left, by a finishing or a
+    failing rank: none of its threads (gloo's workers, the store's server) is left for the
+    interpreter's shutdown to tear down, where a failing rank used to abort with SIGABRT."""
+    task = {"dropout": 0.3, **({"fail_rank": 1, "fail_at": 3} if fail else {})}
+    codes, errors = _launch(tmp_path / "run", task=task, timeout_s=20.0)
+    if fail:
+        assert codes == [1, 1] and "simulated failure on rank 1" in errors[1], (codes, errors)
+    else:
+        assert codes == [0, 0], errors
+    for rank in range(2):
+        before, after = _threads_left(tmp_path / "run", rank)
+        assert not [name for name in after if "gloo" in name or "tcpstore" in name], after
+        assert len(after) <= len(before), (before, after)
 
 
 def test_ranks_that_disagree_on_the_config_fail_with_a_clear_error(tmp_path):

@@ -1,9 +1,23 @@
-"""Joining and leaving the process group of a torchrun launch."""
+"""Joining and leaving the process group of a torchrun launch.
+
+Leaving destroys the group for real. ``destroy_process_group()`` only unregisters it: the C++ group
+(for gloo: its worker threads and the sockets to the peers) lives while any Python object holds it,
+and after a DDP run two kinds do: the failed call's frames (the DDP model, whose reducer holds the
+group), kept by the exception's traceback, and the default arguments of
+``torch.distributed.nn.functional`` (``group=group.WORLD``, bound when DDP's constructor first
+imports that module through ``torch._dynamo``). The group was then destroyed by the interpreter's
+shutdown, in a half-finalised interpreter: where a failing rank could abort with SIGABRT
+("terminate called without an active exception") instead of exiting with its error, as torch's own
+gloo tests did until they destroyed their groups explicitly (pytorch/pytorch#65231).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import importlib
 import os
+import traceback
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -35,11 +49,18 @@ def process_group_from_env(*, device: str | None, timeout_s: float = 1800.0
                            ) -> Iterator[str | None]:
     """Initialise the default process group from torchrun's environment for the block, and destroy
     it when the block exits, also on an error (so a failing rank never leaves its peers hanging
-    longer than ``timeout_s``).
+    longer than ``timeout_s``, and exits with its error instead of aborting).
 
     Without torchrun (WORLD_SIZE unset or 1) nothing happens and ``device`` is yielded unchanged.
     Otherwise the backend is NCCL for CUDA devices and gloo for the CPU, and the yielded device is
     this rank's (cuda:LOCAL_RANK).
+
+    On leaving, the group is destroyed while the interpreter is whole: on an error the locals of
+    the block's finished frames are released (``traceback.clear_frames``; the traceback still
+    prints), then the group is unregistered, garbage is collected and the last reference dropped,
+    which joins the backend's threads here. Whatever still holds the group keeps it alive: a model
+    the caller keeps beyond the block, and under FSDP torch's DTensor caches (no public API
+    clears them), so with FSDP the group still ends at the interpreter's shutdown.
 
     Args:
         device: "cpu", "cuda", "cuda:1", ... or None (cuda if available).
@@ -63,8 +84,16 @@ def process_group_from_env(*, device: str | None, timeout_s: float = 1800.0
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(torch.device(device))
+    # Imported before the group exists, so that its default arguments hold None, not the group.
+    importlib.import_module("torch.distributed.nn.functional")
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    group = dist.group.WORLD
     try:
         yield device
+    except BaseException as error:
+        traceback.clear_frames(error.__traceback__)  # the failed call's model and optimizer
+        raise
     finally:
         dist.destroy_process_group()
+        gc.collect()  # reference cycles of the wrapped model
+        del group  # the last reference: the group's destructor runs now (torch releases the GIL)
