@@ -171,7 +171,7 @@ def save_results(path: Path, results: dict) -> None:
 # --- the optimizer each side's own training code builds ------------------------------------------
 # Same hyper-parameters on every side (AdamW, lr 1e-4, betas (0.9, 0.999), eps 1e-8, weight decay
 # 0.1 on matrices only); the implementation is the one each library's training code picks on CPU:
-#   aiayn:   aiayn.training.trainer.make_optimizer (torch's fused AdamW where it applies);
+#   aiayn:   aiayn.training.make_optimizer (torch's fused AdamW where it applies);
 #   HF:      Trainer's default ``optim="adamw_torch_fused"`` (TrainingArguments, transformers 5.23),
 #            i.e. ``AdamW(fused=True)``, no decay on biases and LayerNorm weights (the 1-D tensors);
 #   nanoGPT: ``configure_optimizers`` passes fused=True only on CUDA: the default (foreach) on CPU;
@@ -181,8 +181,7 @@ LEARNING_RATE, WEIGHT_DECAY = 1e-4, 0.1
 
 def aiayn_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     """The optimizer aiayn's trainer builds (``make_optimizer``) for the benchmark settings."""
-    from aiayn.training import Schedule, TrainingConfig
-    from aiayn.training.trainer import make_optimizer
+    from aiayn.training import Schedule, TrainingConfig, make_optimizer
 
     config = TrainingConfig(optimizer="adamw", betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=WEIGHT_DECAY, decay_matrices_only=True,

@@ -52,8 +52,8 @@ from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from aiayn.interop.hf import from_transformers
 from aiayn.models import Transformer
 from aiayn.tasks.translate import score_translations, translate_ids
+from aiayn.training import make_optimizer
 from aiayn.training.loss import label_smoothed_cross_entropy
-from aiayn.training.trainer import make_optimizer
 
 REPO = BENCH_DIR.parent
 DEFAULT_DATA = REPO / "data" / "ddtp_en_de.tsv.gz"

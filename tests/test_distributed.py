@@ -326,7 +326,7 @@ def test_ranks_that_disagree_on_the_data_fail_with_a_clear_error(tmp_path):
 
 
 def test_each_rank_takes_its_own_batches_none_dropped_or_repeated():
-    class Stream:  # the trainer's _Batches: a global stream across epochs
+    class Stream:  # the trainer's BatchStream: a global stream across epochs
         def __init__(self):
             self.position = 0
 

@@ -22,7 +22,8 @@ from typing import Any
 from torch import nn
 
 from aiayn.config import TransformerConfig
-from aiayn.training.checkpoint import list_checkpoints, read_checkpoint
+from aiayn.training.checkpoint import (atomic_write_json, list_checkpoints, read_checkpoint,
+                                       save_weights)
 from aiayn.training.weights import load_weights
 
 FORMAT_VERSION = 1
@@ -89,6 +90,38 @@ def read_run_info(run_dir: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: run format version {version!r} is newer than this aiayn "
                          f"reads ({FORMAT_VERSION}); upgrade aiayn")
     return info
+
+
+def check_resumable(run_dir: Path, task: str, model_config: dict[str, Any]) -> None:
+    """Raise unless ``run_dir`` holds a run of ``task`` with this model config (to resume it)."""
+    info = read_run_info(run_dir)
+    if info["task"] != task:
+        raise ValueError(f"{run_dir} holds a run of task {info['task']!r}, not {task!r}")
+    if info["model_config"] != model_config:
+        changed = sorted(key for key, value in model_config.items()
+                         if info["model_config"].get(key) != value)
+        raise ValueError(f"{run_dir} holds a run with another model config (differs in "
+                         f"{', '.join(changed)}); resume with the same settings or use "
+                         f"another directory")
+
+
+def update_run_info(run_dir: Path, updates: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``updates`` into run.json (a None value removes its key) and rewrite it atomically."""
+    path = run_dir / RUN_FILE
+    info = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    info.update(updates)
+    info = {key: value for key, value in info.items() if value is not None}
+    atomic_write_json(path, info)
+    return info
+
+
+def publish_weights(run_dir: Path, model: nn.Module, source: str, metrics: dict[str, Any]) -> None:
+    """Write RUN_DIR/model.safetensors; run.json's checksum is dropped first and set after, so a
+    crash in between never leaves a checksum that does not match the file."""
+    update_run_info(run_dir, {"weights_sha256": None})
+    digest = save_weights(model, run_dir / WEIGHTS_FILE)
+    update_run_info(run_dir, {"weights_sha256": digest, "weights_source": source,
+                              "weights_metrics": metrics})
 
 
 def load_run(run_dir: str | Path, *, task: str | None = None, weights: str | Path | None = None,

@@ -1,0 +1,31 @@
+"""Validation inside a training run: metrics computed without disturbing the training RNG streams (so
+a run that evaluates resumes exactly), and which metric value is the better one."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from aiayn.training.task import Task
+
+
+def is_better(value: float, best: float | None, mode: str) -> bool:
+    """Whether ``value`` beats ``best`` ("min" or "max"); a finite value beats no or a non-finite
+    best."""
+    if best is None or not math.isfinite(best):
+        return math.isfinite(value)
+    return value < best if mode == "min" else value > best
+
+
+def evaluate_model(model: nn.Module, task: Task) -> dict[str, float]:
+    """Validation metrics, without disturbing the training RNG streams (exact resume)."""
+    was_training = model.training
+    model.eval()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() \
+        and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        metrics = {key: float(value) for key, value in task.evaluate(model).items()}
+    model.train(was_training)
+    return metrics
