@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn import CausalLM, TransformerConfig, onednn_linear
+from aiayn import CausalLM, TransformerConfig
 from aiayn.training import TrainingConfig, train
 from aiayn.training.checkpoint import list_checkpoints
 from aiayn.training.distributed import Parallel
@@ -119,19 +119,11 @@ def _worker(rank, world, port, run_dir, config_changes, task_changes, timeout_s,
     threads_file.write_text(json.dumps({"before": _threads()}), encoding="utf-8")
     try:
         with process_group_from_env(device="cpu", timeout_s=timeout_s):
-            onednn_rows = task_changes.pop("onednn_min_rows", None)
-            onednn_calls = []
-            if onednn_rows is not None:  # oneDNN's products forced on, down to tiny batches
-                onednn_linear.enabled, onednn_linear.MIN_ROWS = True, onednn_rows
-                real = onednn_linear.linear
-                onednn_linear.linear = lambda *a: onednn_calls.append(1) or real(*a)
             config = CONFIG.replace(dropout=task_changes.pop("dropout", 0.0))
             task = TinyLMTask(**task_changes)
             torch.manual_seed(0)
             train(task.build_model(config), task, _config(**config_changes), run_dir,
                   model_config=config)
-            if onednn_rows is not None and not onednn_calls:
-                raise AssertionError("the oneDNN training path was never taken")
     except BaseException as error:  # reported to the test through a file
         Path(error_file).write_text(f"{type(error).__name__}: {error}\n"
                                     f"{traceback.format_exc()}", encoding="utf-8")
@@ -226,18 +218,6 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path, re
     info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     assert info["training_config"]["distributed"] == strategy
     assert len(_losses(run_dir)) == 4  # rank 0 alone wrote the log, once per step
-
-
-@pytest.mark.skipif(onednn_linear.LINEAR_POINTWISE is None, reason="no oneDNN linear here")
-@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
-def test_two_processes_through_onednn_equal_one_process(tmp_path, reference, strategy):
-    """The oneDNN training products (aiayn.onednn_linear) under DDP / FSDP: the same run as one
-    process on the plain path (the tiny batches are forced through oneDNN)."""
-    run_dir = tmp_path / "run"
-    codes, errors = _launch(run_dir, config={"accumulation": 2, "distributed": strategy},
-                            task={"onednn_min_rows": 1})
-    assert codes == [0, 0], errors
-    _assert_same_run(run_dir, reference)
 
 
 @pytest.mark.slow
@@ -402,16 +382,17 @@ def test_compile_option_trains_a_tiny_model(tmp_path, monkeypatch):
 def test_compile_layers_compiles_the_layers_and_keeps_the_chunked_loss(monkeypatch):
     from aiayn import CausalLM, TransformerConfig
     from aiayn.tasks.lm import token_loss
-    from aiayn.training import linear_cross_entropy as lce
+    from aiayn.training import chunked_loss
     from aiayn.training.layer_wrappers import compile_layers
 
     model = CausalLM(TransformerConfig.preset("tiny", norm_first=True))
     assert compile_layers(model) == model.config.n_decoder_layers  # lazy: nothing compiled yet
     assert all(layer._compiled_call_impl is not None for layer in model.decoder.layers)
-    assert model._compiled_call_impl is None and lce.runs_uncompiled(model, CausalLM)
+    assert model._compiled_call_impl is None  # the model's call, and with it the loss, stays eager
     chunked = []
-    real = lce.linear_cross_entropy
-    monkeypatch.setattr(lce, "linear_cross_entropy", lambda *a, **k: chunked.append(1) or real(*a, **k))
+    real = chunked_loss.chunked_cross_entropy
+    monkeypatch.setattr(chunked_loss, "chunked_cross_entropy",
+                        lambda *a, **k: chunked.append(1) or real(*a, **k))
     for layer in model.decoder.layers:  # stands in for the compiled call (compiling takes long)
         layer._compiled_call_impl = layer._call_impl
     ids = torch.randint(3, 100, (2, 9))
