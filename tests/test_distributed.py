@@ -37,9 +37,10 @@ class TinyLMTask:
 
     name = "lm"
 
-    def __init__(self, *, seed=0, batches=7, fail_rank=None, fail_at=None):
+    def __init__(self, *, seed=0, batches=7, fail_rank=None, fail_at=None, lm_loss=False):
         self.seed, self.batches = seed, batches
         self.fail_rank, self.fail_at, self.calls = fail_rank, fail_at, 0
+        self.lm_loss = lm_loss  # aiayn's LM loss (on the CPU: hidden_states + chunked loss)
 
     def model_config(self, base):
         return base
@@ -65,6 +66,11 @@ class TinyLMTask:
         rank = int(os.environ.get("RANK", "0"))
         if self.fail_at is not None and self.calls == self.fail_at and rank == self.fail_rank:
             raise RuntimeError(f"simulated failure on rank {rank}")
+        if self.lm_loss:
+            from aiayn.tasks.lm import token_loss
+
+            return token_loss(model, batch[:, :-1], batch[:, 1:].masked_fill(batch[:, 1:] == PAD,
+                                                                             -100))
         logits = model(batch[:, :-1], padding_mask=batch[:, :-1] != PAD)
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(),
                                                  ignore_index=PAD, reduction="sum")
@@ -194,8 +200,8 @@ def _trainer_tensors(run_dir):
     return {name: value for name, value in tensors.items() if name.startswith("optimizer/")}
 
 
-def _single(run_dir, **changes):
-    task = TinyLMTask()
+def _single(run_dir, task=None, **changes):
+    task = TinyLMTask(**(task or {}))
     torch.manual_seed(0)
     train(task.build_model(CONFIG), task, _config(**changes), run_dir, model_config=CONFIG)
 
@@ -218,6 +224,16 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path, re
     info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     assert info["training_config"]["distributed"] == strategy
     assert len(_losses(run_dir)) == 4  # rank 0 alone wrote the log, once per step
+
+
+def test_fsdp_gathers_the_parameters_for_a_causal_lms_hidden_states(tmp_path):
+    """aiayn's LM loss runs CausalLM.hidden_states, not forward, on the CPU (the chunked loss):
+    FSDP gathers the sharded parameters for it too, and the run equals one process's."""
+    _single(tmp_path / "single", task={"lm_loss": True}, accumulation=4)
+    codes, errors = _launch(tmp_path / "run", config={"accumulation": 2, "distributed": "fsdp"},
+                            task={"lm_loss": True})
+    assert codes == [0, 0], errors
+    _assert_same_run(tmp_path / "run", tmp_path / "single")
 
 
 @pytest.mark.slow

@@ -86,7 +86,7 @@ class Parallel:
             raise ValueError("activation_checkpointing: the model has no encoder/decoder layers")
         if self.strategy == "fsdp":
             try:
-                from torch.distributed.fsdp import fully_shard
+                from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
             except ImportError:
                 raise RuntimeError(f"distributed='fsdp' needs torch.distributed.fsdp.fully_shard "
                                    f"(PyTorch >= 2.6); this is torch {torch.__version__}. Use "
@@ -96,6 +96,10 @@ class Parallel:
             for layer in transformer_layers(module):
                 fully_shard(layer)
             fully_shard(module)
+            # FSDP gathers the parameters around forward only; a task may run the model through
+            # another entry point (a CausalLM's hidden_states, for the chunked loss on the CPU).
+            if hasattr(module, "hidden_states"):
+                register_fsdp_forward_method(module, "hidden_states")
             if compile:
                 compile_layers(module)
             self.model = module
