@@ -10,10 +10,8 @@ HF the Trainer's default fused AdamW, nanoGPT the default (foreach) AdamW it use
 On CPUs with native bf16 kernels the step of aiayn and of HF GPT-2 is timed again under CPU bf16
 autocast (each side its own model; the "lm train step (bf16)" row).
 
-``--compile`` adds ``aiayn+compile``, what ``aiayn train --compile`` does (each layer compiled,
-``aiayn.training.layer_wrappers.compile_layers``; the chunked loss eager), and
-``aiayn+compile-model``, the whole model's call compiled as a user's ``torch.compile(model)`` would
-(logits, plain loss).
+``--compile`` adds ``aiayn+compile``, what ``aiayn train --compile`` does in one process
+(``torch.compile`` of the task's loss: the model and its loss in one graph).
 
     python3 benchmarks/lm_train.py [--d-model 256] [--compile]
 """
@@ -32,7 +30,6 @@ from common import (aiayn_optimizer, alternate, cpu_bf16_supported, memory_main,
 from peers import NanoGPT, aiayn_from_hf, hf_gpt2, matmul_flops_per_token
 
 from aiayn.tasks.lm import token_loss
-from aiayn.training.layer_wrappers import compile_layers
 
 LAYERS, LENGTH, BATCH, VOCAB = 4, 256, 8, 8192
 
@@ -63,8 +60,8 @@ def peer_loss(logits_of):
 
 
 def aiayn_loss(model, ids, targets):
-    """aiayn's own LM training loss (``aiayn.tasks.lm.token_loss``: chunked projection + loss for a
-    plain CausalLM, the logits path for a compiled one), as a mean like the peers'."""
+    """aiayn's own LM training loss (``aiayn.tasks.lm.token_loss``: on a CPU the chunked projection +
+    loss), as a mean like the peers'."""
     return token_loss(model, ids, targets) / targets.numel()
 
 
@@ -82,11 +79,8 @@ def build_sides(d_model: int, which: list[str], compile_ours: bool = False) -> d
         elif name.startswith("aiayn"):
             model = aiayn_from_hf(hf).train()
             optimizer = aiayn_optimizer(model)
-            if name == "aiayn+compile":  # the trainer's option: layers compiled, chunked loss eager
-                compile_layers(model)
-            elif name == "aiayn+compile-model":  # the whole model: forward returns logits, plain loss
-                model = torch.compile(model)
-            sides[name] = make_step(model, aiayn_loss, inputs, targets, optimizer)
+            loss = torch.compile(aiayn_loss) if name == "aiayn+compile" else aiayn_loss
+            sides[name] = make_step(model, loss, inputs, targets, optimizer)
         elif name == "hf":
             sides[name] = make_step(hf, peer_loss(lambda m, x: m(input_ids=x).logits), inputs,
                                     targets, peer_optimizer(hf, fused=True))
@@ -103,7 +97,7 @@ def run(d_model: int = 256, *, compile_ours: bool = False, rounds: int = 8,
     names = ["aiayn", "hf", "nanogpt"]
     bf16 = ["aiayn-bf16", "hf-bf16"] if cpu_bf16_supported() else []
     sides = build_sides(d_model, names + bf16)
-    compiled = ["aiayn+compile", "aiayn+compile-model"] if compile_ours else []
+    compiled = ["aiayn+compile"] if compile_ours else []
     compile_s = {}
     for name in compiled:
         sides.update(build_sides(d_model, [name]))

@@ -377,25 +377,30 @@ def test_activation_checkpointing_and_bf16_train_and_save_like_the_plain_model(t
 
 @pytest.mark.slow
 def test_compile_option_trains_a_tiny_model(tmp_path, monkeypatch):
-    # The option compiles each layer in place with the default (inductor) backend; here the
-    # aot_eager backend keeps the test short on a CPU (same Dynamo capture and AOT autograd, no
-    # C++ code generation).
+    # One process compiles the task's loss (model and loss in one graph) with the default
+    # (inductor) backend; here the aot_eager backend keeps the test short on a CPU (the same Dynamo
+    # capture and AOT autograd, no C++ code generation).
+    from aiayn.training import trainer
+
     compiled = []
-    plain_compile = torch.nn.Module.compile
+    plain_compile = torch.compile
 
-    def compile_for_test(module, *args, **kwargs):
-        compiled.append(type(module).__name__)
-        return plain_compile(module, *args, **{**kwargs, "backend": "aot_eager"})
+    def compile_for_test(function, *args, **kwargs):
+        compiled.append(function.__qualname__)
+        return plain_compile(function, *args, **{**kwargs, "backend": "aot_eager"})
 
-    monkeypatch.setattr(torch.nn.Module, "compile", compile_for_test)
+    monkeypatch.setattr(trainer.torch, "compile", compile_for_test)
     _single(tmp_path / "plain", steps=2)
+    assert not compiled
     _single(tmp_path / "compiled", steps=2, compile=True)
-    assert compiled and set(compiled) == {"DecoderLayer"}  # the layers, not the model's call
+    assert compiled == ["TinyLMTask.loss"]  # the loss, not the layers
     assert _losses(tmp_path / "compiled") == pytest.approx(_losses(tmp_path / "plain"), rel=1e-4)
     assert _weights(tmp_path / "compiled").keys() == _weights(tmp_path / "plain").keys()
 
 
 def test_compile_layers_compiles_the_layers_and_keeps_the_chunked_loss(monkeypatch):
+    """What ``compile`` does under DDP / FSDP: the layers in place, the model's call and loss
+    eager."""
     from aiayn import CausalLM, TransformerConfig
     from aiayn.tasks.lm import token_loss
     from aiayn.training import chunked_loss

@@ -46,8 +46,9 @@ class TrainingConfig:
             (DistributedDataParallel) or "fsdp" (FSDP2 fully_shard); see training/distributed.py.
             ``accumulation`` is per rank: the global batch is task batch x accumulation x ranks.
         activation_checkpointing: recompute each layer's activations in the backward pass.
-        compile: ``torch.compile`` each encoder/decoder layer (in place; names and checkpoints are
-            unchanged; the chunked loss stays eager: ``layer_wrappers.compile_layers``).
+        compile: ``torch.compile`` the task's loss, the model and its loss in one graph (under
+            DDP / FSDP each encoder/decoder layer instead: ``layer_wrappers.compile_layers``);
+            parameter names and checkpoints are unchanged.
         tensorboard: also write every logged metric to ``RUN_DIR/tensorboard`` as TensorBoard
             scalars (tag ``split/metric``; needs the ``tensorboard`` package). ``log.jsonl`` is
             written either way and stays the record resume relies on.

@@ -78,9 +78,10 @@ class Parallel:
     # -- model ---------------------------------------------------------------------------------
     def wrap(self, module: nn.Module, *, activation_checkpointing: bool = False,
              compile: bool = False) -> nn.Module:
-        """Apply activation checkpointing, DDP/FSDP and ``torch.compile`` of each layer
-        (``compile_layers``), in this order; return the module to train. Weights must already be
-        loaded (FSDP shards what is there)."""
+        """Apply activation checkpointing, DDP/FSDP and, under DDP/FSDP, ``torch.compile`` of each
+        layer (``compile_layers``; one process compiles the task's loss instead: ``Trainer``), in
+        this order; return the module to train. Weights must already be loaded (FSDP shards what
+        is there)."""
         self.module = module
         if activation_checkpointing and not apply_activation_checkpointing(module):
             raise ValueError("activation_checkpointing: the model has no encoder/decoder layers")
@@ -117,8 +118,6 @@ class Parallel:
                 DistributedDataParallel.__init__).parameters else "broadcast_buffers"
             self.model = DistributedDataParallel(module, device_ids=ids, **{keyword: False})
         else:
-            if compile:
-                compile_layers(module)
             self.model = module
         return self.model
 

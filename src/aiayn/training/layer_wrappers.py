@@ -20,26 +20,14 @@ def transformer_layers(module: nn.Module) -> list[nn.Module]:
 def compile_layers(module: nn.Module) -> int:
     """``torch.compile`` each encoder/decoder layer in place (regional compilation); return how many.
 
-    Not the whole model: a compiled model call returns the logits, so the task losses would have to
-    take that call and lose the chunked output projection + loss (``aiayn.training.
-    linear_cross_entropy``), which never builds the (N, V) logits. Measured (``python3
-    benchmarks/run_all.py --compile``, AMD EPYC Zen 4, 2 threads, medians of three runs): the
-    compiled whole model 1.12x HF GPT-2's training step, the compiled layers 1.29x (the eager step
-    1.31x). Identical layers share compiled code. In float32 CPU training the attention runs between
-    two graphs of a layer (``aiayn.nn.attention.gemm_attention.attention_between_graphs``, one graph
-    break a layer): 1.016-1.066x the step with SDPA traced into one graph, at the same compile time
-    (15-16 s for the first two steps of the benchmark's model with an empty inductor cache).
+    What ``compile`` does under DDP / FSDP, whose wrappers own the model's call; identical layers
+    share compiled code.
     """
-    from aiayn.nn.stacks import Encoder
-
     layers = transformer_layers(module)
     if not layers:
         raise ValueError("compile: the model has no encoder/decoder layers")
     for layer in layers:
         layer.compile()
-    for encoder in module.modules():
-        if isinstance(encoder, Encoder):  # packed lengths vary per batch: one recompile each
-            encoder.skips_padding = False
     return len(layers)
 
 

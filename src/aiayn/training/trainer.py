@@ -130,6 +130,10 @@ class Trainer:
             self._checkpoint = (tensors, meta)
         self.model = self.parallel.wrap(
             model, activation_checkpointing=config.activation_checkpointing, compile=config.compile)
+        # One process compiles the task's loss: the model and the loss in one graph (what makes a
+        # GPU step fast; benchmarks/gpu.py). DDP / FSDP compile their layers instead (``wrap``).
+        self.loss = (torch.compile(task.loss) if config.compile and not self.parallel.active
+                     else task.loss)
         if self.main:
             assets = task.save_assets(self.run_dir) or {}
             update_run_info(self.run_dir, {
@@ -237,7 +241,7 @@ class Trainer:
             with parallel.gradient_sync(index == len(micro) - 1), \
                     torch.autocast(self.device.type, dtype=self.autocast_dtype,
                                    enabled=self.autocast_dtype is not None):
-                loss = self.task.loss(self.model, batch)
+                loss = self.loss(self.model, batch)
             # Normalise by the true unit count of the whole (global) step; gradient_scale undoes
             # the DDP/FSDP average over ranks.
             scaled = loss.float() * parallel.gradient_scale / units
