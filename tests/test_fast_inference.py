@@ -220,7 +220,7 @@ def test_input_errors_are_raised_not_swallowed_by_the_fallback():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(compile="yes"), "compile must be True or False"),
+    (dict(compile="yes"), "compile must be True, False or None"),
     (dict(mode="fastest"), "mode must be one of"),
 ])
 def test_bad_options_name_the_problem(options, message):
@@ -314,3 +314,10 @@ def test_cuda_graphs_apply_only_to_cuda_models_with_exact_kernels():
     engine = prepare_for_inference(lm(), InferenceOptions(compile=False))
     assert not engine.uses_cuda_graphs()  # a CPU model
     assert type(engine.generation_steps()).__name__ == "Steps"
+
+
+def test_by_default_a_cpu_model_decodes_with_the_plain_steps():
+    """Compiled steps measured no faster on the CPU: the default compiles on a GPU only."""
+    engine = prepare_for_inference(lm())
+    assert engine.options.compile is None and not engine.compiles
+    assert engine.decode_step is decode_step and engine.decoder_step is decoder_step

@@ -1,8 +1,8 @@
 """The inference options every decoding command shares, and the engine they build.
 
 Commands that decode (``translate``, ``evaluate``, ``generate``) run the model through an
-``aiayn.fast.InferenceEngine``, so command-line users get the compiled decoding steps without
-writing code; ``--no-compile`` runs the plain steps.
+``aiayn.fast.InferenceEngine``, so command-line users get its speed without writing code: on a GPU
+compiled steps (and CUDA graphs for ``generate``), on the CPU the plain steps unless ``--compile``.
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 
 
-def add_arguments(parser: argparse.ArgumentParser, *, compile_default: bool = False) -> None:
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                        default=compile_default,
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="run decoding steps through torch.compile (seconds to compile "
-                             "first; faster over long outputs)")
+                             "first); default: on a GPU only")
 
 
 def engine(model, args: argparse.Namespace):

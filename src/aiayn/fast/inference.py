@@ -39,19 +39,21 @@ class InferenceOptions:
 
     Fields:
         compile: run every step after the prompt's through ``torch.compile`` (dynamic shapes: one
-            graph serves every batch size and length). The first call compiles (seconds).
+            graph serves every batch size and length; the first call compiles, seconds). None:
+            on a CUDA model only (on the CPU the compiled steps measured no faster than the plain
+            ones, docs/performance.md).
         mode: ``torch.compile``'s mode (None: its default).
         cuda_graphs: on a CUDA device, decoder-only generation replays fixed-shape steps from CUDA
             graphs (one per batch size and cache capacity, captured on first use).
     """
 
-    compile: bool = True
+    compile: bool | None = None
     mode: str | None = None
     cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.compile, bool):
-            raise ValueError(f"compile must be True or False, got {self.compile!r}")
+        if self.compile is not None and not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be True, False or None, got {self.compile!r}")
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if self.mode not in COMPILE_MODES:
@@ -93,7 +95,9 @@ class InferenceEngine:
 
     def __init__(self, model: nn.Module, options: InferenceOptions):
         self.model, self.options = model, options
-        if options.compile:
+        self.compiles = options.compile if options.compile is not None else \
+            next(model.parameters()).device.type == "cuda"
+        if self.compiles:
             self.decoder_step: Callable = CompiledStep(decoder_step, options)
             self.decode_step: Callable = CompiledStep(decode_step, options)
         else:
@@ -112,7 +116,7 @@ class InferenceEngine:
         if not self.uses_cuda_graphs():
             return Steps(self.decode_step)
         if self._graphed is None:
-            step = (CompiledStep(slot_step, self.options, dynamic=False) if self.options.compile
+            step = (CompiledStep(slot_step, self.options, dynamic=False) if self.compiles
                     else slot_step)
             self._graphed = GraphedSteps(step, use_graph=True)
         return self._graphed
@@ -134,7 +138,7 @@ class InferenceEngine:
 def prepare_for_inference(model: nn.Module, options: InferenceOptions | None = None
                           ) -> InferenceEngine:
     """An ``InferenceEngine`` for ``model`` (put in eval mode) with ``options`` (default: compiled
-    steps).
+    steps and CUDA graphs on a GPU, plain steps on the CPU). Move the model to its device first.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` with a ``config``.
