@@ -63,7 +63,7 @@ def test_attention_maps_are_data_and_change_nothing():
 
 def test_vit_base_has_the_papers_86m_parameters():
     """Table 1: ViT-Base, 12 layers, D 768, MLP 3072, 12 heads, 86M parameters (with a 1000-class
-    head at 224 x 224 in 16 x 16 patches: 86,567,656, the count timm's vit_base_patch16_224 has)."""
+    head at 224 x 224 in 16 x 16 patches: 86,567,656, as HF's ViTForImageClassification counts)."""
     with torch.device("meta"):
         model = ImageClassifier(TransformerConfig.preset("vit-base"))
     assert count_parameters(model) == 86_567_656
