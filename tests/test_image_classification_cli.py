@@ -1,5 +1,5 @@
 """End to end: ``aiayn train image-classification`` on the digits and on a folder of images,
-``aiayn evaluate`` on the runs."""
+``aiayn evaluate`` on the runs, ``aiayn attention --test-image / --image`` over them."""
 
 import json
 
@@ -59,6 +59,25 @@ def test_evaluate_scores_the_held_out_test_images(digits_run, tmp_path, capsys):
     assert all(line[1] in "0123456789" and 0 < float(line[2]) <= 1 for line in lines)
 
 
+def test_attention_on_a_test_image(digits_run, tmp_path, capsys):
+    out = tmp_path / "attention"
+    assert main(["attention", str(digits_run), "--test-image", "4", "--out", str(out),
+                 "--layer", "1", "--head", "2"]) == 0
+    assert {p.name for p in out.iterdir()} == {"cls_attention.png", "cls_L1_H2.png",
+                                               "rollout.png", "attention.json"}
+    report = json.loads((out / "attention.json").read_text())
+    assert torch.tensor(report["cls_attention"]).shape == (4, 4, 4, 4)  # (L, H, G, G)
+    assert torch.tensor(report["rollout"]).shape == (4, 4, 4)
+    assert sum(report["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+    assert "predicted" in capsys.readouterr().out
+    for args, message in ((["--test-image", "359"], r"test split has images 0\.\.358"),
+                          (["--test-image", "0", "--target", "x"], r"--target is for texts"),
+                          (["--test-image", "0", "--kind", "cross"], r"encoder attention only"),
+                          (["--test-image", "0", "--head", "4"], r"heads 0\.\.3")):
+        assert main(["attention", str(digits_run), *args, "--out", str(out)]) == 1
+        assert message.replace("\\", "") in capsys.readouterr().err
+
+
 def _bars(root, n: int = 12):
     """Two classes of 10x10 RGB images: a horizontal or a vertical bar at a random place."""
     generator = torch.Generator().manual_seed(0)
@@ -75,7 +94,7 @@ def _bars(root, n: int = 12):
     return root
 
 
-def test_a_folder_of_images_trains_and_evaluates(tmp_path, capsys):
+def test_a_folder_of_images_trains_evaluates_and_shows_attention(tmp_path, capsys):
     data = _bars(tmp_path / "bars")
     out = tmp_path / "run"
     assert main(["train", "image-classification", "--data", str(data), "--out", str(out),
@@ -87,6 +106,12 @@ def test_a_folder_of_images_trains_and_evaluates(tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", str(out), "--data", str(data), "--split", "all"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["images"] == 24
+    pictures = tmp_path / "pictures"
+    assert main(["attention", str(out), "--image", str(data / "vertical" / "3.png"),
+                 "--out", str(pictures)]) == 0
+    report = json.loads((pictures / "attention.json").read_text())
+    assert set(report["probabilities"]) == {"horizontal", "vertical"}
+    assert torch.tensor(report["rollout"]).shape == (4, 2, 2)
 
 
 def test_bad_data_is_refused_with_the_path(tmp_path, capsys):
