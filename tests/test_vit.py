@@ -122,3 +122,20 @@ def test_training_step_compiles_in_one_graph():
     for name, p in model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
     torch._dynamo.reset()
+
+
+def test_the_vision_docs_snippets_run_and_links_resolve():
+    """docs/vision.md and the README's ViT example stay true."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "vision.md").read_text(encoding="utf-8")
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    snippets = [s for s in re.findall(r"```python\n(.*?)```", page + readme, flags=re.S)
+                if "ImageClassifier" in s]
+    assert len(snippets) == 2
+    for snippet in snippets:
+        exec(compile(snippet, "vision snippet", "exec"), {"__name__": "__snippet__"})
+    targets = re.findall(r"\]\(([^)#]+)\)", page)
+    assert targets and all((root / "docs" / target).exists() for target in targets), targets
