@@ -73,7 +73,9 @@ def test_attention_on_a_test_image(digits_run, tmp_path, capsys):
     for args, message in ((["--test-image", "359"], r"test split has images 0\.\.358"),
                           (["--test-image", "0", "--target", "x"], r"--target is for texts"),
                           (["--test-image", "0", "--kind", "cross"], r"encoder attention only"),
-                          (["--test-image", "0", "--head", "4"], r"heads 0\.\.3")):
+                          (["--test-image", "0", "--head", "4"], r"heads 0\.\.3"),
+                          (["--text", "1 2 3"], r"reads images, not token ids: use aiayn "
+                                                r"attention RUN_DIR --image FILE")):
         assert main(["attention", str(digits_run), *args, "--out", str(out)]) == 1
         assert message.replace("\\", "") in capsys.readouterr().err
 
