@@ -85,6 +85,11 @@ class TransformerConfig:
     pooler: bool = False  # BERT's dense + tanh on the pooled vector before the classifier
     mlm_transform: bool = True  # BERT's dense + activation + LayerNorm before the MLM projection
 
+    # --- images: the Vision Transformer (Dosovitskiy et al. 2021); text models ignore these -------
+    image_size: int = 224  # height = width of the input images in pixels (ViT-Base: 224)
+    patch_size: int = 16  # P: images are cut into (image_size / P)^2 non-overlapping P x P patches
+    num_channels: int = 3  # C: channels of the input images (3 RGB, 1 grey)
+
     # --- special tokens ----------------------------------------------------------------------------
     pad_id: int = 0
     bos_id: int = 1
@@ -102,7 +107,8 @@ class TransformerConfig:
 
     def _validate(self) -> None:
         for name in ("vocab_size", "src_vocab_size", "d_model", "n_heads", "d_ff", "max_length",
-                     "num_labels", "attention_window", "attention_stride", "attention_chunk_size"):
+                     "num_labels", "attention_window", "attention_stride", "attention_chunk_size",
+                     "image_size", "patch_size", "num_channels"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -113,6 +119,9 @@ class TransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"patch_size ({self.patch_size}) must divide image_size "
+                             f"({self.image_size}): the ViT cuts images into whole patches")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
@@ -244,6 +253,16 @@ PRESETS: dict[str, dict[str, Any]] = {
                      norm_first=True, bias=False, layer_norm_bias=False, positions="learned",
                      scale_embeddings=False, tie_output=True, init_std=0.02,
                      scaled_residual_init=True),
+    # The Vision Transformer (Dosovitskiy et al. 2021): ViT-Base/16 is Table 1's first row (86M
+    # parameters); vit-digits is ours, the default of `aiayn train image-classification`: 8x8 grey
+    # digits in 2x2 patches (16 + 1 tokens), sized for a CPU minute or two (docs/vision.md).
+    "vit-base": dict(d_model=768, n_heads=12, d_ff=3072, n_encoder_layers=12, n_decoder_layers=0,
+                     image_size=224, patch_size=16, num_channels=3, num_labels=1000,
+                     activation="gelu", norm_first=True, positions="learned", dropout=0.1,
+                     layer_norm_eps=1e-6),
+    "vit-digits": dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=4, n_decoder_layers=0,
+                       image_size=8, patch_size=2, num_channels=1, num_labels=10,
+                       activation="gelu", norm_first=True, positions="learned", dropout=0.1),
     # A small pre-norm BERT-style encoder for classification / masked LM from scratch within a few
     # CPU minutes (aiayn train classification's default; GELU as in BERT).
     "encoder-small": dict(vocab_size=8000, d_model=128, d_ff=512, n_heads=4, n_encoder_layers=2,

@@ -8,19 +8,24 @@ from pathlib import Path
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "attention", help="draw and measure a model's attention on a text",
+        "attention", help="draw and measure a model's attention on a text or an image",
         description="Run a trained model (a run directory from 'aiayn train', or a Hugging Face style "
                     "directory) on a text and write: a layer x head heatmap grid per attention kind "
                     "(encoder, decoder, and for translation the cross-attention source-target "
                     "alignment), a zoom of one head with the weights in the cells, the pattern "
                     "metrics of every head (metrics.json / metrics.csv) over the text or a file of "
-                    "texts, and optionally a self-contained interactive HTML report.")
+                    "texts, and optionally a self-contained interactive HTML report. For an "
+                    "image-classification run, --image / --test-image draw the [CLS] token's "
+                    "attention over the image per head and as attention rollout.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory or model directory")
     texts = parser.add_mutually_exclusive_group(required=True)
     texts.add_argument("--text", help="the (source) text to show")
     texts.add_argument("--text-file", metavar="FILE",
                        help="one text per line (translation: SOURCE<TAB>TARGET allowed); the "
                             "pictures show the first, the metrics average over all")
+    texts.add_argument("--image", metavar="FILE", help="an image file, for a ViT run")
+    texts.add_argument("--test-image", type=int, metavar="N",
+                       help="image N of a ViT run's held-out test split")
     parser.add_argument("--target", help="translation: the target text (default: the model's "
                                          "greedy translation)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
@@ -73,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.visualise.attention_report import write_attention_report
     from aiayn.visualise.subjects import load_subject
 
+    if args.image is not None or args.test_image is not None:
+        from aiayn.commands.attention_image import run_image
+
+        return run_image(args)
     if args.max_texts < 1:
         raise ValueError(f"--max-texts must be >= 1, got {args.max_texts}")
     subject = load_subject(args.run_dir, tokenizer_file=args.tokenizer)

@@ -21,6 +21,7 @@ TASKS: dict[str, str] = {
     "lm": "aiayn.commands.train_lm",
     "classification": "aiayn.commands.train_classification",
     "mlm": "aiayn.commands.train_mlm",
+    "image-classification": "aiayn.commands.train_image_classification",
 }
 
 

@@ -8,6 +8,8 @@ Families (one module each, each with an explicit parameter-name map):
     gpt2                     GPT2Model / GPT2LMHeadModel                    CausalLM
     marian, bart             MarianMTModel / BartForConditionalGeneration   Transformer
                              (MarianModel / BartModel)
+    vit                      ViTModel / ViTForImageClassification           VisionTransformer /
+                                                                            ImageClassifier
 
 Loading reads config.json and the safetensors (or weights-only ``pytorch_model.bin``) directly: it does
 not need ``transformers``. Saving writes files that ``transformers`` loads.
@@ -23,11 +25,11 @@ import torch
 from torch import nn
 
 from aiayn.config import TransformerConfig
-from aiayn.interop import hf_bert, hf_gpt2, hf_marian
+from aiayn.interop import hf_bert, hf_gpt2, hf_marian, hf_vit
 from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, export_state, load_state, read_checkpoint,
                                      read_config, write_checkpoint)
 
-FAMILIES = (hf_bert, hf_gpt2, hf_marian)
+FAMILIES = (hf_bert, hf_gpt2, hf_marian, hf_vit)
 TASKS = ("encoder", "masked_lm", "classification", "causal_lm", "seq2seq")
 
 
@@ -59,13 +61,15 @@ def from_pretrained(path: str | Path, *, task: str | None = None,
         task: which aiayn model to build; default the checkpoint's own. BERT checkpoints also load as
             ``"encoder"``, ``"masked_lm"`` or ``"classification"`` whatever head they were saved with:
             a head the checkpoint lacks is freshly initialised (e.g. a classifier on ``BertModel``
-            weights, for fine-tuning), a head the model lacks is dropped.
+            weights, for fine-tuning), a head the model lacks is dropped. ViT checkpoints load as
+            ``"encoder"`` (``VisionTransformer``) or ``"classification"`` (``ImageClassifier``).
         dtype: cast the loaded model to this dtype (default: float32, as built).
         **overrides: TransformerConfig fields to set on top of the translated config (e.g.
             ``num_labels=3``, ``dropout=0.0``, ``attention="reference"``, ``fused_projections=False``).
 
     Returns:
-        ``TransformerEncoder``, ``MaskedLM``, ``SequenceClassifier``, ``CausalLM`` or ``Transformer``.
+        ``TransformerEncoder``, ``MaskedLM``, ``SequenceClassifier``, ``CausalLM``, ``Transformer``,
+        ``VisionTransformer`` or ``ImageClassifier``.
 
     Raises:
         FileNotFoundError: the directory, config.json or the weights are missing.
@@ -117,7 +121,8 @@ def save_pretrained(model: nn.Module, path: str | Path) -> Path:
 
     ``TransformerEncoder``/``MaskedLM``/``SequenceClassifier`` are written as BERT, ``CausalLM`` as
     ``GPT2LMHeadModel``, ``Transformer`` as ``MarianMTModel`` (sinusoidal "split" positions) or
-    ``BartForConditionalGeneration`` (learned positions with offset 2 and an embedding LayerNorm).
+    ``BartForConditionalGeneration`` (learned positions with offset 2 and an embedding LayerNorm),
+    ``VisionTransformer`` / ``ImageClassifier`` as ``ViTModel`` / ``ViTForImageClassification``.
     ``transformers.AutoModel*.from_pretrained(path)`` then reproduces the model's outputs.
     Files are written atomically (temporary file, fsync, rename).
 
@@ -131,7 +136,8 @@ def save_pretrained(model: nn.Module, path: str | Path) -> Path:
             break
     else:
         raise ValueError(f"save_pretrained exports aiayn TransformerEncoder, MaskedLM, "
-                         f"SequenceClassifier, CausalLM and Transformer, not {type(model).__name__}")
+                         f"SequenceClassifier, CausalLM, Transformer, VisionTransformer and "
+                         f"ImageClassifier, not {type(model).__name__}")
     tensors = export_state(model, name_map)
     tensors.update(getattr(family, "extra_tensors", lambda m: {})(model))
     directory = Path(path)

@@ -51,11 +51,15 @@ def final_norm(config: TransformerConfig) -> nn.Module | None:
 
 
 class Encoder(nn.Module):
-    """Token ids (B, S) -> hidden states (B, S, D)."""
+    """Token ids (B, S) -> hidden states (B, S, D).
 
-    def __init__(self, config: TransformerConfig, tokens: nn.Embedding):
+    ``tokens=None``: no embeddings; the caller embeds its inputs (the Vision Transformer's patches)
+    and calls ``forward_embedded``.
+    """
+
+    def __init__(self, config: TransformerConfig, tokens: nn.Embedding | None):
         super().__init__()
-        self.embeddings = Embeddings(config, tokens)
+        self.embeddings = Embeddings(config, tokens) if tokens is not None else None
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
         self.norm = final_norm(config)
 
@@ -63,6 +67,8 @@ class Encoder(nn.Module):
                 token_types: Tensor | None = None, need_weights: bool = False
                 ) -> tuple[Tensor, list[Tensor]]:
         """``padding_mask`` (B, S), True = real token. Returns hidden states and per-layer weights."""
+        if self.embeddings is None:
+            raise TypeError("this encoder has no token embeddings; call forward_embedded")
         check_ids(ids, "ids")
         mask = None
         if padding_mask is not None:

@@ -15,7 +15,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from aiayn.models import CausalLM, MaskedLM, SequenceClassifier, Transformer, TransformerEncoder
+from aiayn.models import (CausalLM, ImageClassifier, MaskedLM, SequenceClassifier, Transformer,
+                          TransformerEncoder, VisionTransformer)
 from aiayn.nn.stacks import AttentionMaps
 from aiayn.visualise.metrics import DEFAULT_WINDOW, PatternAccumulator, rows_from_means
 
@@ -71,6 +72,9 @@ def collect_attention(model: nn.Module, ids: Tensor, *, target_ids: Tensor | Non
                          "an encoder-decoder model")
     if isinstance(model, (CausalLM, TransformerEncoder, SequenceClassifier, MaskedLM)):
         return model(ids, padding_mask=padding_mask, return_attention=True)
+    if isinstance(model, (ImageClassifier, VisionTransformer)):
+        raise TypeError(f"{type(model).__name__} reads images, not token ids: use aiayn "
+                        f"attention RUN_DIR --image FILE (or --test-image N)")
     raise TypeError(f"cannot collect attention from a {type(model).__name__}; expected an aiayn model")
 
 
