@@ -251,6 +251,21 @@ def test_resume_refuses_another_config_or_a_fresh_start(tmp_path):
               resume=False)
 
 
+def test_a_run_saved_before_a_config_field_existed_resumes(tmp_path):
+    """run.json of an older aiayn lacks the fields added since; they take their defaults."""
+    import json
+
+    run(tmp_path, "a", ReverseTask(), training_config(steps=2, save_every=1))
+    path = tmp_path / "a" / "run.json"
+    info = json.loads(path.read_text(encoding="utf-8"))
+    for field in ("image_size", "patch_size", "num_channels"):  # fields of a later aiayn
+        del info["model_config"][field]
+    path.write_text(json.dumps(info), encoding="utf-8")
+    train(Transformer(tiny_config()), ReverseTask(), training_config(steps=3, save_every=1),
+          tmp_path / "a")
+    assert [p.name for p in list_checkpoints(tmp_path / "a" / "checkpoints")][-1] == "step-3"
+
+
 # --- checkpoints ----------------------------------------------------------------------------------
 def test_failed_checkpoint_write_leaves_the_previous_one_intact(tmp_path, monkeypatch):
     run(tmp_path, "a", ReverseTask(), training_config(steps=2, save_every=2))

@@ -97,12 +97,22 @@ def check_resumable(run_dir: Path, task: str, model_config: dict[str, Any]) -> N
     info = read_run_info(run_dir)
     if info["task"] != task:
         raise ValueError(f"{run_dir} holds a run of task {info['task']!r}, not {task!r}")
-    if info["model_config"] != model_config:
-        changed = sorted(key for key, value in model_config.items()
-                         if info["model_config"].get(key) != value)
+    # A run saved before a config field existed holds no value for it: compare both configs with
+    # their defaults filled in, so such a run resumes (its value is the field's default).
+    saved = _with_defaults(info["model_config"])
+    if saved != _with_defaults(model_config):
+        changed = sorted(key for key, value in _with_defaults(model_config).items()
+                         if saved.get(key) != value)
         raise ValueError(f"{run_dir} holds a run with another model config (differs in "
                          f"{', '.join(changed)}); resume with the same settings or use "
                          f"another directory")
+
+
+def _with_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return TransformerConfig.from_dict(config).to_dict()
+    except (TypeError, ValueError):  # not a config of this aiayn: compare it as written
+        return dict(config)
 
 
 def update_run_info(run_dir: Path, updates: dict[str, Any]) -> dict[str, Any]:
