@@ -313,6 +313,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                      norm_first=True, bias=False, layer_norm_bias=False, positions="learned",
                      scale_embeddings=False, tie_output=True, init_std=0.02,
                      scaled_residual_init=True),
+    # char-gpt's sizes with Llama's four changes (docs/modern-decoder.md): rotary positions, RMSNorm,
+    # SwiGLU with F = 344 ~ 8D/3 (the same FFN parameters as 4D with two matrices) and grouped-query
+    # attention with 2 key/value heads for 4 query heads; no biases, tied output as in char-gpt.
+    "llama-char": dict(vocab_size=65, d_model=128, n_heads=4, n_kv_heads=2, d_ff=344,
+                       n_encoder_layers=0, n_decoder_layers=4, max_length=64, dropout=0.0,
+                       activation="silu", gated_ffn=True, norm="rms", norm_first=True, bias=False,
+                       layer_norm_bias=False, positions="rotary", scale_embeddings=False, tie_output=True, init_std=0.02,
+                       scaled_residual_init=True),
     # A small pre-norm BERT-style encoder for classification / masked LM from scratch within a few
     # CPU minutes (aiayn train classification's default; GELU as in BERT).
     "encoder-small": dict(vocab_size=8000, d_model=128, d_ff=512, n_heads=4, n_encoder_layers=2,
