@@ -9,6 +9,7 @@ Families (one module each, each with an explicit parameter-name map):
     llama                    LlamaModel / LlamaForCausalLM                  CausalLM (rotary positions)
     marian, bart             MarianMTModel / BartForConditionalGeneration   Transformer
                              (MarianModel / BartModel)
+    t5                       T5ForConditionalGeneration / T5Model           Transformer (relative bias)
 
 Loading reads config.json and the safetensors (or weights-only ``pytorch_model.bin``) directly: it does
 not need ``transformers``. Saving writes files that ``transformers`` loads.
@@ -24,12 +25,12 @@ import torch
 from torch import nn
 
 from aiayn.config import TransformerConfig
-from aiayn.interop import hf_bert, hf_gpt2, hf_llama, hf_marian
+from aiayn.interop import hf_bert, hf_gpt2, hf_llama, hf_marian, hf_t5
 from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, export_state, load_state, read_checkpoint,
                                      read_config, write_checkpoint)
 
 # Saving takes the first family that ``matches`` the model: the specific before the general.
-FAMILIES = (hf_bert, hf_llama, hf_gpt2, hf_marian)
+FAMILIES = (hf_bert, hf_llama, hf_gpt2, hf_t5, hf_marian)
 # Families whose HF classes have only the paper's blocks (no RMSNorm, gated FFN, grouped-query
 # attention, head width of its own, relative bias or extra scales): ``PAPER_BLOCKS`` must hold.
 PAPER_FAMILIES = (hf_bert, hf_gpt2, hf_marian)
@@ -124,7 +125,8 @@ def save_pretrained(model: nn.Module, path: str | Path) -> Path:
 
     ``TransformerEncoder``/``MaskedLM``/``SequenceClassifier`` are written as BERT, ``CausalLM`` as
     ``LlamaForCausalLM`` (rotary positions) or ``GPT2LMHeadModel``, ``Transformer`` as
-    ``MarianMTModel`` (sinusoidal "split" positions) or
+    ``T5ForConditionalGeneration`` (a relative position bias), ``MarianMTModel`` (sinusoidal
+    "split" positions) or
     ``BartForConditionalGeneration`` (learned positions with offset 2 and an embedding LayerNorm).
     ``transformers.AutoModel*.from_pretrained(path)`` then reproduces the model's outputs.
     Files are written atomically (temporary file, fsync, rename).
