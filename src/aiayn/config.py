@@ -321,6 +321,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                        activation="silu", gated_ffn=True, norm="rms", norm_first=True, bias=False,
                        layer_norm_bias=False, positions="rotary", scale_embeddings=False, tie_output=True, init_std=0.02,
                        scaled_residual_init=True),
+    # mt-cpu's sizes with T5 1.0's blocks (docs/t5.md): the default of `aiayn train text2text`.
+    "t5-cpu": dict(d_model=128, d_ff=512, n_heads=4, n_encoder_layers=3, n_decoder_layers=3,
+                   max_length=256, dropout=0.1, norm="rms", norm_first=True, bias=False,
+                   positions="none", scale_embeddings=False, relative_attention_buckets=32,
+                   relative_attention_max_distance=128, scale_attention=False, scale_output=True,
+                   layer_norm_eps=1e-6),
     # A small pre-norm BERT-style encoder for classification / masked LM from scratch within a few
     # CPU minutes (aiayn train classification's default; GELU as in BERT).
     "encoder-small": dict(vocab_size=8000, d_model=128, d_ff=512, n_heads=4, n_encoder_layers=2,

@@ -21,6 +21,7 @@ TASKS: dict[str, str] = {
     "lm": "aiayn.commands.train_lm",
     "classification": "aiayn.commands.train_classification",
     "mlm": "aiayn.commands.train_mlm",
+    "text2text": "aiayn.commands.train_text_to_text",
 }
 
 

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
+from aiayn.nn.attention.multihead import CrossAttention, SelfAttention
 from aiayn.nn.feedforward import activation_function
 from aiayn.nn.norms import layer_norm
 
@@ -86,6 +87,8 @@ def initialise(model: nn.Module, config: TransformerConfig) -> None:
     """Initial weights. The paper gives none; we follow its reference code (tensor2tensor):
     Xavier-uniform matrices and N(0, D^-1/2) embeddings, which the sqrt(D) scaling brings to unit size.
     With ``config.init_std`` every matrix and embedding is N(0, init_std) instead (GPT-2, BERT).
+    Without ``scale_attention`` the queries' matrices start Dh^-1/2 smaller: the 1/sqrt(d_k) of eq. 1
+    folded into the initialisation, as T5 (mesh-tensorflow) does.
     """
     for module in model.modules():
         if isinstance(module, nn.Linear):
@@ -105,6 +108,13 @@ def initialise(model: nn.Module, config: TransformerConfig) -> None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.RMSNorm) and module.weight is not None:
             nn.init.ones_(module.weight)
+    if not config.scale_attention:
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, SelfAttention) and module.fused_projections:
+                    module.qkv_proj.weight[:module.split_sizes[0]] *= module.head_dim ** -0.5
+                elif isinstance(module, (SelfAttention, CrossAttention)):
+                    module.q_proj.weight *= module.head_dim ** -0.5
     if config.scaled_residual_init and config.init_std is not None:
         # GPT-2 (Radford et al. 2019, 2.3): the layers' projections into the residual stream, the
         # attention output and the FFN's last matrix, start at std / sqrt(2 * layers) so the sum
