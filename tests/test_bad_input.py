@@ -503,8 +503,8 @@ api("hf-dir-is-a-file", lambda c: from_pretrained(c.file("model.safetensors", b"
 api("hf-dir-without-config", lambda c: from_pretrained(c.dir("hf")), FileNotFoundError,
     "config.json: missing")
 api("hf-unsupported-model-type",
-    lambda c: from_pretrained(_hf_dir(c, {"model_type": "llama"})),
-    ValueError, "model_type='llama' is not supported")
+    lambda c: from_pretrained(_hf_dir(c, {"model_type": "gpt_neox"})),
+    ValueError, "model_type='gpt_neox' is not supported")
 api("hf-config-not-json", lambda c: from_pretrained(_hf_dir(c, "{nope")), ValueError,
     "config.json", "not valid JSON")
 cli("run-cli-attention-not-a-run",

@@ -46,7 +46,7 @@ def test_tied_matrices_are_one_parameter():
     ("dropout", -0.1, "dropout must be in [0, 1)"),
     ("attention_dropout", 1.5, "attention_dropout"),
     ("activation", "tanh", "activation must be one of"),
-    ("positions", "rotary", "positions must be one of"),
+    ("positions", "alibi", "positions must be one of"),
     ("attention", "magic", "attention must be one of"),
     ("pooling", "max", "pooling must be one of"),
     ("layer_norm_eps", 0.0, "layer_norm_eps"),

@@ -60,9 +60,9 @@ def test_malformed_and_unsupported_config(bert_dir):
     config_path.write_text("{not json")
     with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):
         aiayn.from_pretrained(bert_dir)
-    config_path.write_text(json.dumps({**config, "model_type": "llama"}))
-    with pytest.raises(ValueError, match=r"config\.json: model_type='llama' is not supported; "
-                                         r"aiayn loads bart, bert, gpt2, marian"):
+    config_path.write_text(json.dumps({**config, "model_type": "gpt_neox"}))
+    with pytest.raises(ValueError, match=r"config\.json: model_type='gpt_neox' is not supported; "
+                                         r"aiayn loads bart, bert, gpt2, llama, marian"):
         aiayn.from_pretrained(bert_dir)
     config_path.write_text(json.dumps({**config, "architectures": ["BertForTokenClassification"]}))
     with pytest.raises(ValueError, match="BertForTokenClassification"):

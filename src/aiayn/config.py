@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
-PositionKind = Literal["sinusoidal", "learned", "none"]
+PositionKind = Literal["sinusoidal", "learned", "rotary", "none"]
 SinusoidLayout = Literal["interleaved", "split"]
 Pooling = Literal["first", "mean"]
+Norm = Literal["layer", "rms"]
 SparsePattern = Literal["local", "strided", "local+strided"]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-POSITION_KINDS = ("sinusoidal", "learned", "none")
+POSITION_KINDS = ("sinusoidal", "learned", "rotary", "none")
+NORMS = ("layer", "rms")
 SINUSOID_LAYOUTS = ("interleaved", "split")
 POOLINGS = ("first", "mean")
 SPARSE_PATTERNS = ("local", "strided", "local+strided")
@@ -67,7 +69,7 @@ class TransformerConfig:
     attention_chunk_size: int = 256  # chunked: query/key tile; linear: causal chunk
 
     # --- embeddings and positions ------------------------------------------------------------------
-    positions: PositionKind = "sinusoidal"  # paper 3.5
+    positions: PositionKind = "sinusoidal"  # paper 3.5; "rotary": RoPE on q and k (see below)
     sinusoid_layout: SinusoidLayout = "interleaved"  # paper: sin on even dims; "split": sin | cos halves
     position_offset: int = 0  # learned tables indexed from this offset (BART keeps 2 spare rows)
     scale_embeddings: bool = True  # paper 3.4: multiply embeddings by sqrt(d_model)
@@ -78,6 +80,21 @@ class TransformerConfig:
     output_bias: bool = False  # a bias on the output logits (BERT MLM, Marian's final_logits_bias)
     init_std: float | None = None  # None: Xavier matrices, N(0, 1/sqrt(D)) embeddings; else N(0, std)
     scaled_residual_init: bool = False  # GPT-2: std / sqrt(2 * layers) for projections into the residual
+
+    # --- the modern decoder (docs/modern-decoder.md): Llama, Mistral, Qwen ------------------------
+    norm: Norm = "layer"  # "rms": RMSNorm, no mean and no bias (Zhang & Sennrich 2019; T5, Llama)
+    gated_ffn: bool = False  # down(act(gate(x)) * up(x)) (Shazeer 2020); silu: SwiGLU, gelu: GEGLU
+    n_kv_heads: int | None = None  # key/value heads; None: n_heads; 1: multi-query; else grouped
+    d_head: int | None = None  # [d_k = d_v]; None: d_model / n_heads (paper 3.2.2)
+    rope_theta: float = 10000.0  # base of the rotary frequencies (Su et al. 2021), positions="rotary"
+
+    # --- T5 (docs/t5.md; Raffel et al. 2020) -------------------------------------------------------
+    # relative position bias: buckets of log distance, one learned scalar per bucket and head added
+    # to the attention scores; 0 = none (T5: 32 buckets up to distance 128)
+    relative_attention_buckets: int = 0
+    relative_attention_max_distance: int = 128
+    scale_attention: bool = True  # divide q.k by sqrt(d_k) (paper 3.2.1); T5 folds it into the init
+    scale_output: bool = False  # multiply the hidden states by d_model^-0.5 before the output projection
 
     # --- heads of the encoder-only family ----------------------------------------------------------
     num_labels: int = 2
@@ -122,9 +139,10 @@ class TransformerConfig:
         if self.image_size % self.patch_size:
             raise ValueError(f"patch_size ({self.patch_size}) must divide image_size "
                              f"({self.image_size}): the ViT cuts images into whole patches")
-        if self.d_model % self.n_heads:
+        if self.d_head is None and self.d_model % self.n_heads:
             raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}), or set "
+                f"d_head")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
@@ -147,6 +165,8 @@ class TransformerConfig:
                              f"forms the attention weights), got {self.attention_dropout!r}")
         if self.positions == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        self._validate_modern()
+        self._validate_t5()
         for name in ("pad_id", "bos_id", "eos_id", "decoder_start_id"):
             value = getattr(self, name)
             if not isinstance(value, int) or not 0 <= value < self.vocab_size:
@@ -156,10 +176,59 @@ class TransformerConfig:
                 f"tie_source_target needs src_vocab_size == vocab_size, got {self.src_vocab_size} "
                 f"and {self.vocab_size}")
 
+    def _validate_modern(self) -> None:
+        _check_choice("norm", self.norm, NORMS)
+        for name in ("n_kv_heads", "d_head"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value <= 0):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}): "
+                             f"each key/value head serves a group of n_heads / n_kv_heads queries")
+        if self.n_kv_heads not in (None, self.n_heads) and self.attention == "linear":
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} needs a softmax kernel: linear attention "
+                             f"keeps one state per query head")
+        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+        if self.positions == "rotary" and self.head_dim % 2:
+            raise ValueError(f"rotary positions rotate pairs of dimensions and need an even head "
+                             f"width, got {self.head_dim} (d_model / n_heads or d_head)")
+
+    def _validate_t5(self) -> None:
+        buckets, distance = self.relative_attention_buckets, self.relative_attention_max_distance
+        for name, value in (("relative_attention_buckets", buckets),
+                            ("relative_attention_max_distance", distance)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if not self.scale_attention and self.attention == "linear":
+            raise ValueError("scale_attention=False means nothing to attention='linear' (its "
+                             "feature map has no softmax scale); leave scale_attention=True")
+        if not buckets:
+            return
+        if buckets < 4 or distance <= buckets // 2:
+            raise ValueError(f"relative_attention_buckets must be >= 4 and below "
+                             f"2 * relative_attention_max_distance (half the buckets are exact "
+                             f"distances, the rest log-spaced up to the maximum), got {buckets} and "
+                             f"{distance}")
+        if self.positions != "none":
+            raise ValueError(f"a relative position bias (relative_attention_buckets={buckets}) "
+                             f"replaces absolute positions: set positions='none', not "
+                             f"{self.positions!r}")
+        if self.attention not in ("fused", "reference"):
+            raise ValueError(f"attention={self.attention!r} cannot add a relative position bias to "
+                             f"its scores; use attention='fused' or 'reference' with "
+                             f"relative_attention_buckets")
+
     @property
     def head_dim(self) -> int:
-        """Width of one attention head, d_k = d_v = d_model / h (paper 3.2.2)."""
-        return self.d_model // self.n_heads
+        """Width of one attention head, d_k = d_v = d_model / h (paper 3.2.2), or ``d_head``."""
+        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_heads``, or one per query head (the paper)."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     # --- presets and serialisation -----------------------------------------------------------------
     @classmethod
@@ -263,6 +332,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     "vit-digits": dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=4, n_decoder_layers=0,
                        image_size=8, patch_size=2, num_channels=1, num_labels=10,
                        activation="gelu", norm_first=True, positions="learned", dropout=0.1),
+    # char-gpt's sizes with Llama's four changes (docs/modern-decoder.md): rotary positions, RMSNorm,
+    # SwiGLU with F = 344 ~ 8D/3 (the same FFN parameters as 4D with two matrices) and grouped-query
+    # attention with 2 key/value heads for 4 query heads; no biases, tied output as in char-gpt.
+    "llama-char": dict(vocab_size=65, d_model=128, n_heads=4, n_kv_heads=2, d_ff=344,
+                       n_encoder_layers=0, n_decoder_layers=4, max_length=64, dropout=0.0,
+                       activation="silu", gated_ffn=True, norm="rms", norm_first=True, bias=False,
+                       layer_norm_bias=False, positions="rotary", scale_embeddings=False, tie_output=True, init_std=0.02,
+                       scaled_residual_init=True),
+    # mt-cpu's sizes with T5 1.0's blocks (docs/t5.md): the default of `aiayn train text2text`.
+    "t5-cpu": dict(d_model=128, d_ff=512, n_heads=4, n_encoder_layers=3, n_decoder_layers=3,
+                   max_length=256, dropout=0.1, norm="rms", norm_first=True, bias=False,
+                   positions="none", scale_embeddings=False, relative_attention_buckets=32,
+                   relative_attention_max_distance=128, scale_attention=False, scale_output=True,
+                   layer_norm_eps=1e-6),
     # A small pre-norm BERT-style encoder for classification / masked LM from scratch within a few
     # CPU minutes (aiayn train classification's default; GELU as in BERT).
     "encoder-small": dict(vocab_size=8000, d_model=128, d_ff=512, n_heads=4, n_encoder_layers=2,

@@ -22,6 +22,7 @@ TASKS: dict[str, str] = {
     "classification": "aiayn.commands.train_classification",
     "mlm": "aiayn.commands.train_mlm",
     "image-classification": "aiayn.commands.train_image_classification",
+    "text2text": "aiayn.commands.train_text_to_text",
 }
 
 

@@ -4,8 +4,10 @@
 "baby GPT" recipe (AdamW betas 0.9/0.99, weight decay 0.1 on matrices and embeddings only, 100
 warm-up steps and cosine decay to 1e-4 over 2000 steps, clipping at 1.0, batch 12 of 64
 characters) with the peak learning rate of the preset: ``--preset baby-gpt`` is nanoGPT's exact
-recipe (lr 1e-3), the default ``char-gpt`` the same network at lr 3e-3. ``aiayn evaluate RUN_DIR
---data TEXT`` reports loss, perplexity and bits per character on a text.
+recipe (lr 1e-3), the default ``char-gpt`` the same network at lr 3e-3, ``llama-char`` Llama's
+decoder (rotary positions, RMSNorm, SwiGLU, grouped-query attention) at char-gpt's sizes and recipe
+(docs/modern-decoder.md). ``aiayn evaluate RUN_DIR --data TEXT`` reports loss, perplexity and bits
+per character on a text.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import Any
 
 # Peak learning rate of each character-LM preset's recipe when --lr is not given. baby-gpt keeps
 # nanoGPT's 1e-3 (the anchor); 3e-3 was the best of 1e-3..5e-3 for the same network on the bundled
-# Shakespeare (docs/language-modelling.md, "A better default").
-PEAK_LR = {"baby-gpt": 1e-3, "char-gpt": 3e-3}
+# Shakespeare (docs/language-modelling.md, "A better default"); llama-char takes char-gpt's recipe
+# unchanged, so the two differ only in the network.
+PEAK_LR = {"baby-gpt": 1e-3, "char-gpt": 3e-3, "llama-char": 3e-3}
 DEFAULT_LR = 1e-3
 
 

@@ -6,10 +6,12 @@ Families (one module each, each with an explicit parameter-name map):
     bert                     BertModel / BertForMaskedLM /                  TransformerEncoder / MaskedLM /
                              BertForSequenceClassification                  SequenceClassifier
     gpt2                     GPT2Model / GPT2LMHeadModel                    CausalLM
+    llama                    LlamaModel / LlamaForCausalLM                  CausalLM (rotary positions)
     marian, bart             MarianMTModel / BartForConditionalGeneration   Transformer
                              (MarianModel / BartModel)
     vit                      ViTModel / ViTForImageClassification           VisionTransformer /
                                                                             ImageClassifier
+    t5                       T5ForConditionalGeneration / T5Model           Transformer (relative bias)
 
 Loading reads config.json and the safetensors (or weights-only ``pytorch_model.bin``) directly: it does
 not need ``transformers``. Saving writes files that ``transformers`` loads.
@@ -25,11 +27,17 @@ import torch
 from torch import nn
 
 from aiayn.config import TransformerConfig
-from aiayn.interop import hf_bert, hf_gpt2, hf_marian, hf_vit
+from aiayn.interop import hf_bert, hf_gpt2, hf_llama, hf_marian, hf_t5, hf_vit
 from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, export_state, load_state, read_checkpoint,
                                      read_config, write_checkpoint)
 
-FAMILIES = (hf_bert, hf_gpt2, hf_marian, hf_vit)
+# Saving takes the first family that ``matches`` the model: the specific before the general.
+FAMILIES = (hf_bert, hf_llama, hf_gpt2, hf_t5, hf_marian, hf_vit)
+# Families whose HF classes have only the paper's blocks (no RMSNorm, gated FFN, grouped-query
+# attention, head width of its own, relative bias or extra scales): ``PAPER_BLOCKS`` must hold.
+PAPER_FAMILIES = (hf_bert, hf_gpt2, hf_marian, hf_vit)
+PAPER_BLOCKS = dict(norm="layer", gated_ffn=False, d_head=None, n_kv_heads=None,
+                    relative_attention_buckets=0, scale_attention=True, scale_output=False)
 TASKS = ("encoder", "masked_lm", "classification", "causal_lm", "seq2seq")
 
 
@@ -120,9 +128,11 @@ def save_pretrained(model: nn.Module, path: str | Path) -> Path:
     """Write an aiayn model as an HF checkpoint directory (config.json + model.safetensors).
 
     ``TransformerEncoder``/``MaskedLM``/``SequenceClassifier`` are written as BERT, ``CausalLM`` as
-    ``GPT2LMHeadModel``, ``Transformer`` as ``MarianMTModel`` (sinusoidal "split" positions) or
-    ``BartForConditionalGeneration`` (learned positions with offset 2 and an embedding LayerNorm),
-    ``VisionTransformer`` / ``ImageClassifier`` as ``ViTModel`` / ``ViTForImageClassification``.
+    ``LlamaForCausalLM`` (rotary positions) or ``GPT2LMHeadModel``, ``Transformer`` as
+    ``T5ForConditionalGeneration`` (a relative position bias), ``MarianMTModel`` (sinusoidal
+    "split" positions) or ``BartForConditionalGeneration`` (learned positions with offset 2 and
+    an embedding LayerNorm), ``VisionTransformer`` / ``ImageClassifier`` as ``ViTModel`` /
+    ``ViTForImageClassification``.
     ``transformers.AutoModel*.from_pretrained(path)`` then reproduces the model's outputs.
     Files are written atomically (temporary file, fsync, rename).
 
@@ -132,6 +142,8 @@ def save_pretrained(model: nn.Module, path: str | Path) -> Path:
     """
     for family in FAMILIES:
         if family.matches(model):
+            if family in PAPER_FAMILIES:
+                _require_paper_blocks(model.config, family.MODEL_TYPES[0])
             hf_config, name_map = family.export(model)
             break
     else:
@@ -143,3 +155,11 @@ def save_pretrained(model: nn.Module, path: str | Path) -> Path:
     directory = Path(path)
     write_checkpoint(directory, hf_config, tensors)
     return directory
+
+
+def _require_paper_blocks(config: TransformerConfig, family: str) -> None:
+    for name, value in PAPER_BLOCKS.items():
+        current = getattr(config, name)
+        if current != value and not (name == "n_kv_heads" and current == config.n_heads):
+            raise ValueError(f"cannot export as {family}: it needs {name}={value!r}, the model has "
+                             f"{name}={current!r}")

@@ -44,12 +44,15 @@ class Rule:
         layers: how many layers the ``{}`` runs over (0: no placeholder).
         layout: ``"same"``; ``"transpose"`` for GPT-2's Conv1D, which stores (in, out);
             ``"row"`` for a (1, V) buffer that is a (V,) vector in aiayn (``final_logits_bias``).
+        sizes: rows of each source along dim 0 when they differ (grouped-query attention's q | k | v
+            in a fused ``qkv_proj``); None: equal parts.
     """
 
     target: str
     sources: tuple[str, ...]
     layers: int = 0
     layout: str = "same"
+    sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -63,7 +66,7 @@ class Rule:
         if not self.layers:
             return [self]
         return [Rule(self.target.format(i), tuple(s.format(i) for s in self.sources),
-                     layout=self.layout) for i in range(self.layers)]
+                     layout=self.layout, sizes=self.sizes) for i in range(self.layers)]
 
 
 @dataclass
@@ -314,7 +317,10 @@ def export_state(model: nn.Module, name_map: NameMap) -> dict[str, Tensor]:
     state: dict[str, Tensor] = {}
     for rule in name_map.expanded():
         value = parameters[rule.target].detach()
-        parts = value.chunk(len(rule.sources), dim=0) if len(rule.sources) > 1 else (value,)
+        if rule.sizes is not None:
+            parts = value.split(rule.sizes, dim=0)
+        else:
+            parts = value.chunk(len(rule.sources), dim=0) if len(rule.sources) > 1 else (value,)
         for key, part in zip(rule.sources, parts):
             tensor = _to_layout(part, rule.layout).contiguous().clone()
             if key in state and not torch.equal(state[key], tensor):

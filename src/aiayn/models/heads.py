@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
+from aiayn.nn.attention.multihead import CrossAttention, SelfAttention
 from aiayn.nn.feedforward import activation_function
 from aiayn.nn.norms import layer_norm
 
@@ -16,7 +17,9 @@ from aiayn.nn.norms import layer_norm
 class OutputProjection(nn.Module):
     """Hidden states (B, T, D) -> logits (B, T, V); "the pre-softmax linear transformation" (3.4).
 
-    With ``tied`` the weight is the given embedding matrix itself (paper 3.4), not a copy.
+    With ``tied`` the weight is the given embedding matrix itself (paper 3.4), not a copy. With
+    ``config.scale_output`` the hidden states are first multiplied by ``scale`` = D^-0.5 (T5, whose
+    tied matrix is trained at unit scale; mesh-tensorflow's ``logits / sqrt(d_model)``).
     """
 
     def __init__(self, config: TransformerConfig, embedding: nn.Embedding, *, tied: bool):
@@ -28,8 +31,11 @@ class OutputProjection(nn.Module):
             self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
             nn.init.xavier_uniform_(self.weight)
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if config.output_bias else None
+        self.scale = d_model ** -0.5 if config.scale_output else 1.0
 
     def forward(self, hidden: Tensor) -> Tensor:
+        if self.scale != 1.0:
+            hidden = hidden * self.scale
         return nn.functional.linear(hidden, self.weight, self.bias)
 
 
@@ -81,6 +87,8 @@ def initialise(model: nn.Module, config: TransformerConfig) -> None:
     """Initial weights. The paper gives none; we follow its reference code (tensor2tensor):
     Xavier-uniform matrices and N(0, D^-1/2) embeddings, which the sqrt(D) scaling brings to unit size.
     With ``config.init_std`` every matrix and embedding is N(0, init_std) instead (GPT-2, BERT).
+    Without ``scale_attention`` the queries' matrices start Dh^-1/2 smaller: the 1/sqrt(d_k) of eq. 1
+    folded into the initialisation, as T5 (mesh-tensorflow) does.
     """
     for module in model.modules():
         if isinstance(module, nn.Linear):
@@ -98,12 +106,21 @@ def initialise(model: nn.Module, config: TransformerConfig) -> None:
                 nn.init.ones_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.RMSNorm) and module.weight is not None:
+            nn.init.ones_(module.weight)
+    if not config.scale_attention:
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, SelfAttention) and module.fused_projections:
+                    module.qkv_proj.weight[:module.split_sizes[0]] *= module.head_dim ** -0.5
+                elif isinstance(module, (SelfAttention, CrossAttention)):
+                    module.q_proj.weight *= module.head_dim ** -0.5
     if config.scaled_residual_init and config.init_std is not None:
         # GPT-2 (Radford et al. 2019, 2.3): the layers' projections into the residual stream, the
-        # attention output and the FFN's second matrix, start at std / sqrt(2 * layers) so the sum
+        # attention output and the FFN's last matrix, start at std / sqrt(2 * layers) so the sum
         # of 2 * layers residual branches keeps the size of one.
         layers = max(config.n_encoder_layers + config.n_decoder_layers, 1)
         std = config.init_std / (2 * layers) ** 0.5
         for name, module in model.named_modules():
-            if isinstance(module, nn.Linear) and name.endswith(("out_proj", "linear2")):
+            if isinstance(module, nn.Linear) and name.endswith(("out_proj", "linear2", "down_proj")):
                 nn.init.normal_(module.weight, std=std)

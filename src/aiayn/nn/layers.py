@@ -4,7 +4,9 @@ Post-norm (the paper, 3.1 and 5.4):  x = LayerNorm(x + Dropout(Sublayer(x)))
 Pre-norm  (GPT-2, "on layer normalization in the Transformer"):  x = x + Dropout(Sublayer(LayerNorm(x)))
 
 Encoder layer: self-attention, FFN. Decoder layer: masked (causal) self-attention, cross-attention over
-the encoder output (left out for decoder-only models), FFN.
+the encoder output (left out for decoder-only models), FFN. The stack hands every layer the rotation
+of its positions (rotary positions) and the position bias (T5) it computed once; self-attention uses
+them, cross-attention (between two sequences) does not.
 
 Legend: B batch, T target/query length, S source/memory length, H heads, D model width.
 """
@@ -17,8 +19,9 @@ from aiayn.config import TransformerConfig
 from aiayn.nn.attention.cache import KVCache, MemoryCache
 from aiayn.nn.attention.kernels import make_kernel
 from aiayn.nn.attention.multihead import CrossAttention, SelfAttention
-from aiayn.nn.feedforward import FeedForward
+from aiayn.nn.feedforward import FeedForward, GatedFeedForward
 from aiayn.nn.norms import layer_norm
+from aiayn.nn.rotary import Rotation
 
 
 class Residual(nn.Module):
@@ -43,19 +46,22 @@ class Residual(nn.Module):
 
 def make_self_attention(config: TransformerConfig) -> SelfAttention:
     return SelfAttention(config.d_model, config.n_heads, make_kernel(config),
+                         n_kv_heads=config.kv_heads, head_dim=config.head_dim,
                          fused_projections=config.fused_projections,
                          dropout=config.attention_dropout, bias=config.bias)
 
 
 def make_cross_attention(config: TransformerConfig) -> CrossAttention:
     return CrossAttention(config.d_model, config.n_heads, make_kernel(config, cross=True),
+                          n_kv_heads=config.kv_heads, head_dim=config.head_dim,
                           fused_projections=config.fused_projections,
                           dropout=config.attention_dropout, bias=config.bias)
 
 
-def make_feedforward(config: TransformerConfig) -> FeedForward:
-    return FeedForward(config.d_model, config.d_ff, activation=config.activation,
-                       dropout=config.activation_dropout, bias=config.bias)
+def make_feedforward(config: TransformerConfig) -> FeedForward | GatedFeedForward:
+    kind = GatedFeedForward if config.gated_ffn else FeedForward
+    return kind(config.d_model, config.d_ff, activation=config.activation,
+                dropout=config.activation_dropout, bias=config.bias)
 
 
 class EncoderLayer(nn.Module):
@@ -69,10 +75,12 @@ class EncoderLayer(nn.Module):
         self.feedforward_residual = Residual(config)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
+                rotation: Rotation | None = None, position_bias: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """x (B, T, D), mask broadcastable to (B, H, T, T). Returns (B, T, D) and the weights."""
         out, weights = self.self_attention(self.attention_residual.input(x), mask=mask,
-                                           causal=causal, need_weights=need_weights)
+                                           causal=causal, rotation=rotation,
+                                           position_bias=position_bias, need_weights=need_weights)
         x = self.attention_residual.add(x, out)
         x = self.feedforward_residual.add(
             x, self.feedforward(self.feedforward_residual.input(x)))
@@ -96,16 +104,19 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: KVCache | None = None,
-                memory_cache: MemoryCache | None = None, start: int = 0,
+                memory_cache: MemoryCache | None = None, start: int | Tensor = 0,
+                rotation: Rotation | None = None, position_bias: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x (B, T, D), at positions ``start ..`` when decoding with this layer's ``cache``.
 
         ``self_mask`` (padding of the keys) broadcasts to (B, H, T, T_keys), the causal part is always
-        added; ``memory_mask`` broadcasts to (B, H, T, S). Returns (B, T, D), self- and cross-weights.
+        added; ``memory_mask`` broadcasts to (B, H, T, S). ``rotation`` and ``position_bias`` go to
+        the self-attention. Returns (B, T, D), self- and cross-weights.
         """
         out, self_weights = self.self_attention(
             self.self_attention_residual.input(x), mask=self_mask, causal=True, cache=cache,
-            start=start, need_weights=need_weights)
+            start=start, rotation=rotation, position_bias=position_bias,
+            need_weights=need_weights)
         x = self.self_attention_residual.add(x, out)
         cross_weights = None
         if self.cross_attention is not None:

@@ -1,6 +1,13 @@
-"""The LayerNorm every block of aiayn builds (paper 3.1: "LayerNorm(x + Sublayer(x))").
+"""The normalisation every block of aiayn builds (paper 3.1: "LayerNorm(x + Sublayer(x))").
 
-One place decides the epsilon and whether the norm has a bias, from the config.
+    LayerNorm(x) = (x - mean(x)) / sqrt(var(x) + eps) * g + b      (Ba et al. 2016; the paper)
+    RMSNorm(x)   = x / sqrt(mean(x^2) + eps) * g                   (Zhang & Sennrich 2019)
+
+RMSNorm drops the re-centring and the bias: Zhang & Sennrich found the re-scaling alone carries
+LayerNorm's benefit at less cost. T5 ("T5LayerNorm") and Llama use it. One place decides the kind,
+the epsilon and whether a LayerNorm has a bias, from the config.
+
+Legend: D model width.
 """
 
 from __future__ import annotations
@@ -10,6 +17,9 @@ from torch import nn
 from aiayn.config import TransformerConfig
 
 
-def layer_norm(config: TransformerConfig) -> nn.LayerNorm:
-    """A LayerNorm over the model width with the config's epsilon and bias."""
+def layer_norm(config: TransformerConfig) -> nn.LayerNorm | nn.RMSNorm:
+    """The config's layer normalisation over the model width D: ``nn.LayerNorm`` (``norm="layer"``,
+    with the config's epsilon and bias) or ``nn.RMSNorm`` (``norm="rms"``, a gain only)."""
+    if config.norm == "rms":
+        return nn.RMSNorm(config.d_model, eps=config.layer_norm_eps)
     return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.layer_norm_bias)

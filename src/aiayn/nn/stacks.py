@@ -1,7 +1,9 @@
 """The encoder and decoder stacks (paper 3.1): embeddings, N identical layers, optional final norm.
 
 Every model family is one or two of these stacks plus a head, so masks, caching, input checks and
-attention maps live here once.
+attention maps live here once. Positions that act inside attention are computed here once per call and
+handed to every layer: the rotation of rotary positions (Su et al. 2021) and T5's relative position
+bias (Raffel et al. 2020), bidirectional in the encoder and causal in the decoder.
 
 Legend: B batch, T target length, S source length, H heads, D model width.
 """
@@ -19,6 +21,8 @@ from aiayn.nn.embedding import Embeddings
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
 from aiayn.masks import check_padding_mask, key_padding_to_attention
 from aiayn.nn.norms import layer_norm
+from aiayn.nn.relative_bias import RelativePositionBias
+from aiayn.nn.rotary import RotaryEmbedding, Rotation
 
 
 @dataclass
@@ -50,6 +54,21 @@ def final_norm(config: TransformerConfig) -> nn.Module | None:
     return layer_norm(config) if config.final_norm else None
 
 
+def make_rotary(config: TransformerConfig) -> RotaryEmbedding | None:
+    if config.positions != "rotary":
+        return None
+    return RotaryEmbedding(config.head_dim, config.rope_theta, config.max_length)
+
+
+def make_position_bias(config: TransformerConfig, *, bidirectional: bool
+                       ) -> RelativePositionBias | None:
+    if not config.relative_attention_buckets:
+        return None
+    return RelativePositionBias(config.relative_attention_buckets,
+                                config.relative_attention_max_distance, config.n_heads,
+                                bidirectional=bidirectional)
+
+
 class Encoder(nn.Module):
     """Token ids (B, S) -> hidden states (B, S, D).
 
@@ -60,6 +79,8 @@ class Encoder(nn.Module):
     def __init__(self, config: TransformerConfig, tokens: nn.Embedding | None):
         super().__init__()
         self.embeddings = Embeddings(config, tokens) if tokens is not None else None
+        self.rotary = make_rotary(config)
+        self.position_bias = make_position_bias(config, bidirectional=True)
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
         self.norm = final_norm(config)
 
@@ -86,9 +107,15 @@ class Encoder(nn.Module):
 
         ``mask`` broadcasts to (B, H, S, S) (e.g. ``key_padding_to_attention(padding_mask)``).
         """
+        length = x.shape[1]
+        rotation = None
+        if self.rotary is not None:
+            rotation = self.rotary(torch.arange(length, device=x.device))  # (S, Dh) x 2
+        bias = None if self.position_bias is None else self.position_bias(length, length)
         weights = []
         for layer in self.layers:
-            x, layer_weights = layer(x, mask, need_weights=need_weights)
+            x, layer_weights = layer(x, mask, rotation=rotation, position_bias=bias,
+                                     need_weights=need_weights)
             if need_weights:
                 weights.append(layer_weights)
         if self.norm is not None:
@@ -102,6 +129,8 @@ class Decoder(nn.Module):
     def __init__(self, config: TransformerConfig, tokens: nn.Embedding, *, cross_attention: bool):
         super().__init__()
         self.embeddings = Embeddings(config, tokens)
+        self.rotary = make_rotary(config)
+        self.position_bias = make_position_bias(config, bidirectional=False)
         self.layers = nn.ModuleList(DecoderLayer(config, cross_attention=cross_attention)
                                     for _ in range(config.n_decoder_layers))
         self.norm = final_norm(config)
@@ -132,8 +161,8 @@ class Decoder(nn.Module):
                                  f"({batch})")
         reference = self.embeddings.tokens.weight
         device, dtype = device or reference.device, dtype or reference.dtype
-        layers = [layer.self_attention.kernel.new_cache(
-            batch, layer.self_attention.n_heads, max_length, layer.self_attention.head_dim,
+        layers = [layer.self_attention.kernel.new_cache(  # only the key/value heads are kept
+            batch, layer.self_attention.n_kv_heads, max_length, layer.self_attention.head_dim,
             device=device, dtype=dtype) for layer in self.layers]
         return DecoderCache(layers, max_length, rows_per_memory=rows_per_memory)
 
@@ -178,7 +207,7 @@ class Decoder(nn.Module):
                             positions=positions)  # (B, T, D)
         return self.forward_embedded(x, memory, self_mask=self_mask, memory_mask=memory_mask,
                                      cache=cache, start=start, advance=slots is None,
-                                     need_weights=need_weights)
+                                     positions=positions, need_weights=need_weights)
 
     @staticmethod
     def _check_slots(slots: Tensor, cache: DecoderCache | None, padding_mask: Tensor | None,
@@ -214,20 +243,24 @@ class Decoder(nn.Module):
     def forward_embedded(self, x: Tensor, memory: Tensor | None = None, *,
                          self_mask: Tensor | None = None, memory_mask: Tensor | None = None,
                          cache: DecoderCache | None = None, start: int | Tensor | None = None,
-                         advance: bool = True, need_weights: bool = False
-                         ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+                         advance: bool = True, positions: Tensor | None = None,
+                         need_weights: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """The layers and final norm on already embedded inputs x (B, T, D).
 
         ``self_mask`` broadcasts to (B, H, T, T_keys) and is combined with the causal mask;
         ``memory_mask`` broadcasts to (B, H, T, S). With a cache, x sits at ``start`` (default
-        ``cache.length``), which advances by T unless ``advance`` is False.
+        ``cache.length``), which advances by T unless ``advance`` is False. ``positions`` (B, T):
+        x's positions when they are not ``start ..`` (left padding, fixed-shape steps).
         """
         if start is None:
             start = 0 if cache is None else cache.length
+        rotation = self._rotation(x, start, positions)
+        bias = self._position_bias(x, start, positions)
         self_weights, cross_weights = [], []
         for index, layer in enumerate(self.layers):
             x, self_w, cross_w = layer(
                 x, memory, self_mask=self_mask, memory_mask=memory_mask, start=start,
+                rotation=rotation, position_bias=bias,
                 cache=None if cache is None else cache.self_attention[index],
                 memory_cache=None if cache is None else cache.cross[index],
                 need_weights=need_weights)
@@ -240,3 +273,25 @@ class Decoder(nn.Module):
         if cache is not None and advance:
             cache.length += x.shape[1]
         return x, self_weights, cross_weights
+
+    def _rotation(self, x: Tensor, start: int | Tensor, positions: Tensor | None
+                  ) -> Rotation | None:
+        """(cos, sin) of x's positions: ``positions`` (B, T), else start .. start + T - 1."""
+        if self.rotary is None:
+            return None
+        if positions is None:
+            if isinstance(start, Tensor):
+                raise ValueError("a fixed-shape step (slots) needs explicit positions")
+            positions = torch.arange(start, start + x.shape[1], device=x.device)  # (T,)
+        return self.rotary(positions)
+
+    def _position_bias(self, x: Tensor, start: int | Tensor, positions: Tensor | None
+                       ) -> Tensor | None:
+        """T5's causal bias (1, H, T, keys) of queries start .. over keys 0 .. start + T - 1."""
+        if self.position_bias is None:
+            return None
+        if positions is not None or isinstance(start, Tensor):
+            raise ValueError("a relative position bias needs contiguous positions from 0: "
+                             "left-padded batches (explicit positions) and fixed-shape steps "
+                             "are not supported; pad on the right")
+        return self.position_bias(x.shape[1], start + x.shape[1], start)

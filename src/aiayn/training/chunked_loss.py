@@ -137,11 +137,13 @@ def projected_loss(hidden: Tensor, projection: nn.Module, targets: Tensor, *,
     """Summed (label-smoothed) cross-entropy of ``projection(hidden)`` against ``targets``.
 
     ``hidden`` (..., D), ``targets`` (...); ``projection`` is an ``OutputProjection`` (``.weight``
-    (V, D), ``.bias`` (V,) or None). Chunked where ``chunks_loss`` says so, else the logits and
+    (V, D), ``.bias`` (V,) or None, ``.scale`` on the hidden states). Chunked where ``chunks_loss`` says so, else the logits and
     ``label_smoothed_cross_entropy``: the same value and gradients either way.
     """
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # (N, D)
     if chunks_loss(hidden):
+        if projection.scale != 1.0:  # T5's D^-0.5 before the tied projection (scale_output)
+            flat_hidden = flat_hidden * projection.scale
         return chunked_cross_entropy(flat_hidden, projection.weight, targets.reshape(-1),
                                      bias=projection.bias, smoothing=smoothing,
                                      ignore_index=ignore_index)

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-from aiayn.nn.attention.kernels import AttentionKernel
+from aiayn.nn.attention.kernels import AttentionKernel, refuse_position_bias, repeat_kv_heads
 
 
 def _as_4d_mask(mask: Tensor | None, shape: tuple[int, int, int, int]) -> Tensor | None:
@@ -63,10 +63,9 @@ def _key_end(causal: bool, offset: int, q1: int, key_length: int) -> int:
 
 class _ChunkedAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal, chunk_size):
+    def forward(ctx, q, k, v, mask, causal, chunk_size, scale):
         batch, heads, query_length, head_dim = q.shape
         key_length = k.shape[2]
-        scale = 1.0 / math.sqrt(head_dim)
         offset = key_length - query_length
         out = torch.zeros_like(q)  # (B, H, T, Dh)
         lse = torch.zeros(batch, heads, query_length, 1, dtype=q.dtype, device=q.device)
@@ -98,15 +97,15 @@ class _ChunkedAttentionFunction(torch.autograd.Function):
                 torch.finfo(q.dtype).tiny)), 0.0)
         ctx.save_for_backward(q, k, v, out, lse, *(() if mask is None else (mask,)))
         ctx.causal, ctx.chunk_size, ctx.has_mask = causal, chunk_size, mask is not None
+        ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse, *rest = ctx.saved_tensors
         mask = rest[0] if ctx.has_mask else None
-        causal, chunk_size = ctx.causal, ctx.chunk_size
+        causal, chunk_size, scale = ctx.causal, ctx.chunk_size, ctx.scale
         query_length, key_length = q.shape[2], k.shape[2]
-        scale = 1.0 / math.sqrt(q.shape[-1])
         offset = key_length - query_length
         grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         # dS = P * (dP - rowsum(dO * O)) (FlashAttention backward); rowsum(dO * O) = rowsum(P * dP).
@@ -127,18 +126,20 @@ class _ChunkedAttentionFunction(torch.autograd.Function):
                 grad_scores = weights * (grad_weights - delta[:, :, q0:q1]) * scale
                 grad_q[:, :, q0:q1] += grad_scores @ k_tile
                 grad_k[:, :, k0:k1] += grad_scores.transpose(-2, -1) @ q_tile
-        return grad_q, grad_k, grad_v, None, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None
 
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                      causal: bool = False, chunk_size: int = 256) -> Tensor:
+                      causal: bool = False, chunk_size: int = 256,
+                      scale: float | None = None) -> Tensor:
     """Exact attention (B, H, T, Dh) in O(T * chunk_size) memory; see the module docstring.
 
     Args:
-        q: queries (B, H, T, Dh); k, v: keys and values (B, H, S, Dh).
+        q: queries (B, H, T, Dh); k, v: keys and values (B, Hkv, S, Dh), Hkv dividing H.
         mask: boolean, broadcastable to (B, H, T, S), True = may attend.
         causal: add the right-aligned causal mask (query i sits at position S - T + i).
         chunk_size: queries and keys per tile.
+        scale: multiplies the scores; None: 1 / sqrt(Dh).
 
     Raises:
         ValueError: a non-boolean or non-broadcastable mask, T > S with ``causal``, bad chunk size.
@@ -151,7 +152,9 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = Non
         raise ValueError(f"causal attention needs query_length <= key_length, got {query_length} > "
                          f"{key_length}")
     mask = _as_4d_mask(mask, (batch, heads, query_length, key_length))
-    return _ChunkedAttentionFunction.apply(q, k, v, mask, causal, chunk_size)
+    k, v = repeat_kv_heads(k, v, heads)  # (B, H, S, Dh)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _ChunkedAttentionFunction.apply(q, k, v, mask, causal, chunk_size, scale)
 
 
 class ChunkedAttention(AttentionKernel):
@@ -159,22 +162,26 @@ class ChunkedAttention(AttentionKernel):
 
     Args:
         chunk_size: queries and keys per tile (``config.attention_chunk_size``).
+        scale: multiplies the scores; None: 1 / sqrt(Dh).
     """
 
-    def __init__(self, chunk_size: int = 256):
-        super().__init__()
+    def __init__(self, chunk_size: int = 256, *, scale: float | None = None):
+        super().__init__(scale)
         if not isinstance(chunk_size, int) or chunk_size <= 0:
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         self.chunk_size = chunk_size
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                causal: bool = False, dropout: float = 0.0) -> Tensor:
+                causal: bool = False, dropout: float = 0.0,
+                position_bias: Tensor | None = None) -> Tensor:
+        refuse_position_bias(position_bias, "chunked")
         if dropout > 0:
             # The weights are never stored, so there is nothing to drop; the config rejects
             # attention_dropout > 0 with this kernel, this guards direct calls.
             raise ValueError("chunked attention does not support attention dropout (got "
                              f"dropout={dropout}); use attention='reference' or 'fused' for it")
-        return chunked_attention(q, k, v, mask=mask, causal=causal, chunk_size=self.chunk_size)
+        return chunked_attention(q, k, v, mask=mask, causal=causal, chunk_size=self.chunk_size,
+                                 scale=self.scale)
 
     def extra_repr(self) -> str:
         return f"chunk_size={self.chunk_size}"

@@ -2,17 +2,23 @@
 
 Every kernel takes the same arguments and returns the same thing, so models swap kernels by name:
 
-    kernel(q, k, v, mask=None, causal=False, dropout=0.0) -> (B, H, T, Dh)
+    kernel(q, k, v, mask=None, causal=False, dropout=0.0, position_bias=None) -> (B, H, T, Dh)
 
-q (B, H, T, Dh), k and v (B, H, S, Dh); ``mask`` is a boolean attention mask broadcastable to
-(B, H, T, S) with True = may attend (see aiayn.masks); ``causal`` adds the right-aligned causal mask
-without the caller materialising it, so kernels that never build a (T, S) matrix can honour it. A query
-row with nothing to attend to returns zeros.
+q (B, H, T, Dh), k and v (B, Hkv, S, Dh): Hkv = H, or fewer key/value heads each shared by a group of
+H / Hkv consecutive query heads (grouped-query attention, Ainslie et al. 2023; multi-query at Hkv = 1,
+Shazeer 2019). ``mask`` is a boolean attention mask broadcastable to (B, H, T, S) with True = may
+attend (see aiayn.masks); ``causal`` adds the right-aligned causal mask without the caller
+materialising it, so kernels that never build a (T, S) matrix can honour it. ``position_bias`` is a
+float tensor broadcastable to (B, H, T, S) added to the scores (T5's relative positions); kernels
+that cannot add it refuse it. A query row with nothing to attend to returns zeros.
+
+A kernel's ``scale`` multiplies the scores: None is the paper's 1 / sqrt(Dh); T5 uses 1.0.
 
 Kernels also own their decoding state: ``new_cache`` makes it, ``decode`` consumes new keys and values.
 The default is the static KV cache; a kernel with a recurrent state (linear attention) overrides both.
 
-Legend: B batch, H heads, T query length, S key length, Dh head width.
+Legend: B batch, H heads, Hkv key/value heads, G = H / Hkv, T query length, S key length,
+Dh head width.
 """
 
 from __future__ import annotations
@@ -31,6 +37,29 @@ from aiayn.masks import causal_mask
 if TYPE_CHECKING:
     from aiayn.config import TransformerConfig
 
+# F.scaled_dot_product_attention groups key/value heads itself from torch 2.5 (``enable_gqa``);
+# before, the fused kernel repeats them.
+SDPA_GROUPS_HEADS = torch.__version__ >= (2, 5)
+
+
+def repeat_kv_heads(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """Keys and values (B, Hkv, S, Dh) -> (B, H, S, Dh), each key/value head repeated for its group
+    of H / Hkv query heads (a no-op when Hkv = H)."""
+    kv_heads = k.shape[1]
+    if kv_heads == heads:
+        return k, v
+    if heads % kv_heads:
+        raise ValueError(f"{kv_heads} key/value heads must divide the {heads} query heads")
+    group = heads // kv_heads
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, S, Dh)
+
+
+def refuse_position_bias(position_bias: Tensor | None, kernel: str) -> None:
+    """Kernels that never form the (T, S) scores cannot add a bias to them: a clear error."""
+    if position_bias is not None:
+        raise ValueError(f"{kernel} attention cannot add a position bias (T5's relative attention) "
+                         f"to its scores; use attention='fused' or 'reference'")
+
 
 def combine_masks(mask: Tensor | None, causal: bool, query_length: int, key_length: int,
                   device: torch.device) -> Tensor | None:
@@ -42,10 +71,22 @@ def combine_masks(mask: Tensor | None, causal: bool, query_length: int, key_leng
 
 
 class AttentionKernel(nn.Module):
-    """Interface of an attention kernel (see the module docstring)."""
+    """Interface of an attention kernel (see the module docstring).
+
+    Args:
+        scale: multiplies the scores q . k; None: 1 / sqrt(Dh) (paper 3.2.1).
+    """
+
+    def __init__(self, scale: float | None = None):
+        super().__init__()
+        self.scale = scale
+
+    def score_scale(self, head_dim: int) -> float:
+        return 1.0 / math.sqrt(head_dim) if self.scale is None else self.scale
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                causal: bool = False, dropout: float = 0.0) -> Tensor:
+                causal: bool = False, dropout: float = 0.0,
+                position_bias: Tensor | None = None) -> Tensor:
         raise NotImplementedError
 
     def new_cache(self, batch: int, heads: int, max_length: int, head_dim: int, *,
@@ -53,23 +94,29 @@ class AttentionKernel(nn.Module):
         return KVCache(batch, heads, max_length, head_dim, device=device, dtype=dtype)
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, start: int,
-               mask: Tensor | None = None) -> Tensor:
+               mask: Tensor | None = None, position_bias: Tensor | None = None) -> Tensor:
         """Causal attention of T new queries at positions start.. over the cache plus T new keys."""
-        keys, values = cache.write(start, k, v)  # (B, H, start + T, Dh)
-        return self(q, keys, values, mask=mask, causal=True)
+        keys, values = cache.write(start, k, v)  # (B, Hkv, start + T, Dh)
+        return self(q, keys, values, mask=mask, causal=True, position_bias=position_bias)
 
 
 class ReferenceAttention(AttentionKernel):
     """Eq. 1 written out; the only kernel that can also return the attention weights."""
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                causal: bool = False, dropout: float = 0.0) -> Tensor:
-        return self.with_weights(q, k, v, mask=mask, causal=causal, dropout=dropout)[0]
+                causal: bool = False, dropout: float = 0.0,
+                position_bias: Tensor | None = None) -> Tensor:
+        return self.with_weights(q, k, v, mask=mask, causal=causal, dropout=dropout,
+                                 position_bias=position_bias)[0]
 
     def with_weights(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                     causal: bool = False, dropout: float = 0.0) -> tuple[Tensor, Tensor]:
+                     causal: bool = False, dropout: float = 0.0,
+                     position_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Returns the output (B, H, T, Dh) and the weights (B, H, T, S) before dropout."""
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+        k, v = repeat_kv_heads(k, v, q.shape[1])  # (B, H, S, Dh)
+        scores = q @ k.transpose(-2, -1) * self.score_scale(q.shape[-1])  # (B, H, T, S)
+        if position_bias is not None:
+            scores = scores + position_bias
         allowed = combine_masks(mask, causal, q.shape[-2], k.shape[-2], q.device)
         if allowed is None:
             weights = scores.softmax(dim=-1)
@@ -87,18 +134,28 @@ class FusedAttention(AttentionKernel):
     by PyTorch for the device, dtype and mask."""
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                causal: bool = False, dropout: float = 0.0) -> Tensor:
+                causal: bool = False, dropout: float = 0.0,
+                position_bias: Tensor | None = None) -> Tensor:
         query_length, key_length = q.shape[-2], k.shape[-2]
-        if causal and mask is None and query_length == key_length:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        grouped = {}
+        if k.shape[1] != q.shape[1]:  # fewer key/value heads: SDPA groups them, or we repeat them
+            if SDPA_GROUPS_HEADS:
+                grouped = {"enable_gqa": True}
+            else:
+                k, v = repeat_kv_heads(k, v, q.shape[1])  # (B, H, S, Dh)
+        options = dict(dropout_p=dropout, scale=self.scale, **grouped)
+        if causal and mask is None and position_bias is None and query_length == key_length:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
         allowed = combine_masks(mask, causal, query_length, key_length, q.device)
         if allowed is None:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=position_bias, **options)
         # SDPA returns NaN for a row with no allowed key on some versions and backends: open such rows
         # to every key, then zero their output (and so their gradient).
         has_key = allowed.any(dim=-1, keepdim=True)  # (B|1, H|1, T, 1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key,
-                                             dropout_p=dropout)
+        attn_mask = allowed | ~has_key
+        if position_bias is not None:  # one additive float mask: the bias, -inf where not allowed
+            attn_mask = torch.where(attn_mask, position_bias, -math.inf)  # (B|1, H, T, S)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
         return out * has_key
 
 
@@ -113,10 +170,15 @@ class KernelSpec:
     build_cross: Callable[["TransformerConfig"], AttentionKernel] | None = None
 
 
+def _scale(config: "TransformerConfig") -> float | None:
+    """The kernels' score scale: None (1 / sqrt(Dh), the paper) or 1.0 (T5's unscaled scores)."""
+    return None if config.scale_attention else 1.0
+
+
 def _chunked(config: "TransformerConfig") -> AttentionKernel:
     from aiayn.nn.attention.chunked import ChunkedAttention  # late: it imports this module
 
-    return ChunkedAttention(config.attention_chunk_size)
+    return ChunkedAttention(config.attention_chunk_size, scale=_scale(config))
 
 
 def _linear(config: "TransformerConfig") -> AttentionKernel:
@@ -127,19 +189,22 @@ def _linear(config: "TransformerConfig") -> AttentionKernel:
 
 def _exact_cross(config: "TransformerConfig") -> AttentionKernel:
     """Cross-attention of the sparse kernel: exact, chunked (fused when weights need dropout)."""
-    return _chunked(config) if config.attention_dropout == 0 else FusedAttention()
+    return _chunked(config) if config.attention_dropout == 0 else FusedAttention(_scale(config))
 
 
 def _sparse(config: "TransformerConfig") -> AttentionKernel:
     from aiayn.nn.attention.sparse import SparseAttention
 
     return SparseAttention(config.attention_pattern, config.attention_window,
-                           config.attention_stride, config.attention_stride_count)
+                           config.attention_stride, config.attention_stride_count,
+                           scale=_scale(config))
 
 
 KERNELS: dict[str, KernelSpec] = {
-    "reference": KernelSpec(lambda config: ReferenceAttention(), "eq. 1 written out; returns weights"),
-    "fused": KernelSpec(lambda config: FusedAttention(), "torch scaled_dot_product_attention"),
+    "reference": KernelSpec(lambda config: ReferenceAttention(_scale(config)),
+                            "eq. 1 written out; returns weights"),
+    "fused": KernelSpec(lambda config: FusedAttention(_scale(config)),
+                        "torch scaled_dot_product_attention"),
     "chunked": KernelSpec(_chunked, "exact, online softmax over query/key chunks, O(n * chunk) memory"),
     "linear": KernelSpec(_linear, "elu+1 linear attention (Katharopoulos 2020), O(n), O(1) decoding"),
     "sparse": KernelSpec(_sparse, "local/strided block-sparse attention (Child 2019); cross-attention "

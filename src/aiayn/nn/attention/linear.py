@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.nn.attention.kernels import AttentionKernel
+from aiayn.nn.attention.kernels import AttentionKernel, refuse_position_bias
 
 
 def feature_map(x: Tensor) -> Tensor:
@@ -112,6 +112,12 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, chunk_size:
     return out[:, :, :length], final_state, final_norm
 
 
+def _refuse_grouped_heads(q: Tensor, k: Tensor) -> None:
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(f"linear attention keeps one state per head and needs as many key/value "
+                         f"heads as query heads, got {k.shape[1]} and {q.shape[1]}")
+
+
 class LinearAttentionState:
     """Decoding state of one layer: sum_j phi(k_j) v_j^T (B, H, Dh, Dh) and sum_j phi(k_j) (B, H, Dh).
 
@@ -147,7 +153,10 @@ class LinearAttention(AttentionKernel):
         self.chunk_size = chunk_size
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                causal: bool = False, dropout: float = 0.0) -> Tensor:
+                causal: bool = False, dropout: float = 0.0,
+                position_bias: Tensor | None = None) -> Tensor:
+        refuse_position_bias(position_bias, "linear")
+        _refuse_grouped_heads(q, k)
         if dropout > 0:
             raise ValueError(f"linear attention has no attention weights to drop out (got dropout="
                              f"{dropout}); set attention_dropout=0")
@@ -179,12 +188,14 @@ class LinearAttention(AttentionKernel):
         return LinearAttentionState(batch, heads, max_length, head_dim, device=device, dtype=dtype)
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, cache: LinearAttentionState, start: int,
-               mask: Tensor | None = None) -> Tensor:
+               mask: Tensor | None = None, position_bias: Tensor | None = None) -> Tensor:
         """Causal attention of T new queries at positions start.. given the state of earlier keys.
 
         ``mask`` covers every key so far, (B, 1, 1, start + T); only its last T columns are read,
         because earlier keys were masked when they entered the state.
         """
+        refuse_position_bias(position_bias, "linear")
+        _refuse_grouped_heads(q, k)
         if not isinstance(cache, LinearAttentionState):
             raise ValueError(f"linear attention decodes with a LinearAttentionState, got "
                              f"{type(cache).__name__}")

@@ -4,16 +4,20 @@
 
 The h per-head projections are one (D, D) ``nn.Linear`` each for Q, K and V, or one fused (D, 3D)
 ``qkv_proj`` for self-attention and one (D, 2D) ``kv_proj`` for the keys and values of
-cross-attention. The attention itself is a kernel object (aiayn.nn.attention.kernels), so reference /
-fused / efficient kernels are interchangeable. Two modules share the projections' plumbing:
+cross-attention. With grouped-query attention (Ainslie et al. 2023) K and V have Hkv < H heads, each
+shared by H / Hkv query heads, so their projections (and the KV cache) are Hkv / H the size; a head
+width Dh other than D / H (T5 v1.1) makes the inner width H * Dh. The attention itself is a kernel
+object (aiayn.nn.attention.kernels), so reference / fused / efficient kernels are interchangeable.
+Rotary positions (aiayn.nn.rotary) rotate q and k after the projection, before the cache; a position
+bias (aiayn.nn.relative_bias) goes to the kernel. Two modules share the projections' plumbing:
 
 - ``SelfAttention``: queries, keys and values from the same sequence; with a cache, the T newest
   positions attend to everything written so far (the kernel's ``decode``).
 - ``CrossAttention``: queries from the decoder, keys and values from the encoder output (the
   "memory"); with a cache they are projected on the first decoding step and kept.
 
-Legend: B batch, T query length, S key length, H heads, D model width, Dh head width (D / H),
-G decoder rows per memory row (beam search).
+Legend: B batch, T query length, S key length, H heads, Hkv key/value heads, D model width,
+Dh head width (D / H unless set), G decoder rows per memory row (beam search).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch import Tensor, nn
 
 from aiayn.nn.attention.cache import KVCache, MemoryCache
 from aiayn.nn.attention.kernels import AttentionKernel, ReferenceAttention
+from aiayn.nn.rotary import Rotation, apply_rotary
 
 
 class MultiHeadAttention(nn.Module):
@@ -29,41 +34,53 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         d_model: model width D.
-        n_heads: number of heads H; must divide D.
+        n_heads: number of query heads H; must divide D unless ``head_dim`` is given.
         kernel: the attention kernel (e.g. ``FusedAttention()``).
+        n_kv_heads: key/value heads Hkv, dividing H (None: H, the paper).
+        head_dim: Dh (None: D / H).
         dropout: dropout on the attention weights (training only).
         bias: biases on the projections.
     """
 
     def __init__(self, d_model: int, n_heads: int, kernel: AttentionKernel, *,
+                 n_kv_heads: int | None = None, head_dim: int | None = None,
                  dropout: float = 0.0, bias: bool = True):
         super().__init__()
-        if d_model % n_heads:
+        if head_dim is None and d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads if head_dim is None else head_dim
         self.dropout = dropout
         self.kernel = kernel
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
 
-    def split_heads(self, x: Tensor) -> Tensor:
+    def split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
+        """(B, L, heads * Dh) -> (B, heads, L, Dh); ``heads`` defaults to H."""
         batch, length, _ = x.shape
-        return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+        heads = self.n_heads if heads is None else heads
+        return x.view(batch, length, heads, self.head_dim).transpose(1, 2)  # (B, heads, L, Dh)
 
     def merge_heads(self, out: Tensor) -> Tensor:
         """(B, H, T, Dh) -> (B, T, D): concatenate the heads, then W^O."""
-        batch, _, length, _ = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(batch, length, self.d_model))
+        batch, heads, length, width = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(batch, length, heads * width))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-               need_weights: bool) -> tuple[Tensor, Tensor | None]:
+               need_weights: bool, position_bias: Tensor | None = None
+               ) -> tuple[Tensor, Tensor | None]:
         """The kernel's output (B, H, T, Dh) and, if ``need_weights``, the weights (B, H, T, S)
         before dropout from the reference kernel (the output stays the layer's own kernel's, so
         collecting attention never changes the model's numbers)."""
         out = self.kernel(q, k, v, mask=mask, causal=causal,
-                          dropout=self.dropout if self.training else 0.0)
+                          dropout=self.dropout if self.training else 0.0,
+                          position_bias=position_bias)
         weights = None
         if need_weights:
-            weights = ReferenceAttention().with_weights(q, k, v, mask=mask, causal=causal)[1]
+            weights = ReferenceAttention(self.kernel.scale).with_weights(
+                q, k, v, mask=mask, causal=causal, position_bias=position_bias)[1]
         return out, weights
 
     def check_input(self, x: Tensor, name: str = "attention input", length: str = "T") -> None:
@@ -79,43 +96,53 @@ class SelfAttention(MultiHeadAttention):
     """
 
     def __init__(self, d_model: int, n_heads: int, kernel: AttentionKernel, *,
+                 n_kv_heads: int | None = None, head_dim: int | None = None,
                  fused_projections: bool = True, dropout: float = 0.0, bias: bool = True):
-        super().__init__(d_model, n_heads, kernel, dropout=dropout, bias=bias)
+        super().__init__(d_model, n_heads, kernel, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                         dropout=dropout, bias=bias)
         self.fused_projections = fused_projections
+        inner, kv_inner = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.split_sizes = (inner, kv_inner, kv_inner)
         if fused_projections:
-            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+            self.qkv_proj = nn.Linear(d_model, inner + 2 * kv_inner, bias=bias)
         else:
-            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-            self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-            self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.q_proj = nn.Linear(d_model, inner, bias=bias)
+            self.k_proj = nn.Linear(d_model, kv_inner, bias=bias)
+            self.v_proj = nn.Linear(d_model, kv_inner, bias=bias)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values (B, H, T, Dh) of x (B, T, D)."""
+        """Queries (B, H, T, Dh), keys and values (B, Hkv, T, Dh) of x (B, T, D)."""
         if self.fused_projections:
-            q, k, v = self.qkv_proj(x).split(self.d_model, dim=-1)  # 3 x (B, T, D)
+            q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)  # (B, T, H*Dh | Hkv*Dh)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+        return (self.split_heads(q), self.split_heads(k, self.n_kv_heads),
+                self.split_heads(v, self.n_kv_heads))
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None, causal: bool = False,
-                cache: KVCache | None = None, start: int = 0, need_weights: bool = False
-                ) -> tuple[Tensor, Tensor | None]:
+                cache: KVCache | None = None, start: int | Tensor = 0,
+                rotation: Rotation | None = None, position_bias: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """Attend from x (B, T, D) to itself; returns (B, T, D) and the weights or None.
 
         ``mask`` broadcasts to (B, H, T, S), True = may attend; ``causal`` adds the right-aligned
         causal mask. With a ``cache`` (this layer's, made by its kernel) x holds the T newest
         positions, ``start ..``: they are written to the cache and attend causally to all S =
-        start + T positions.
+        start + T positions. ``rotation``: the (cos, sin) of x's positions (rotary positions);
+        ``position_bias`` (B|1, H, T, S): added to the scores (T5).
         """
         self.check_input(x)
-        q, k, v = self.project(x)  # (B, H, T, Dh) each
+        q, k, v = self.project(x)  # (B, H, T, Dh), (B, Hkv, T, Dh) x 2
+        if rotation is not None:  # RoFormer eq. 14: rotate q and k by their positions' angles
+            q, k = apply_rotary(q, rotation), apply_rotary(k, rotation)
         if cache is None:
-            out, weights = self.attend(q, k, v, mask, causal, need_weights)
+            out, weights = self.attend(q, k, v, mask, causal, need_weights, position_bias)
         elif need_weights:
-            k, v = cache.write(start, k, v)  # (B, H, S, Dh)
-            out, weights = self.attend(q, k, v, mask, True, need_weights)
+            k, v = cache.write(start, k, v)  # (B, Hkv, S, Dh)
+            out, weights = self.attend(q, k, v, mask, True, need_weights, position_bias)
         else:
-            out, weights = self.kernel.decode(q, k, v, cache, start, mask=mask), None
+            out = self.kernel.decode(q, k, v, cache, start, mask=mask, position_bias=position_bias)
+            weights = None
         return self.merge_heads(out), weights
 
 
@@ -126,24 +153,28 @@ class CrossAttention(MultiHeadAttention):
     """
 
     def __init__(self, d_model: int, n_heads: int, kernel: AttentionKernel, *,
+                 n_kv_heads: int | None = None, head_dim: int | None = None,
                  fused_projections: bool = True, dropout: float = 0.0, bias: bool = True):
-        super().__init__(d_model, n_heads, kernel, dropout=dropout, bias=bias)
+        super().__init__(d_model, n_heads, kernel, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                         dropout=dropout, bias=bias)
         self.fused_projections = fused_projections
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        inner, kv_inner = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.split_sizes = (kv_inner, kv_inner)
+        self.q_proj = nn.Linear(d_model, inner, bias=bias)
         if fused_projections:
-            self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
+            self.kv_proj = nn.Linear(d_model, 2 * kv_inner, bias=bias)
         else:
-            self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-            self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.k_proj = nn.Linear(d_model, kv_inner, bias=bias)
+            self.v_proj = nn.Linear(d_model, kv_inner, bias=bias)
 
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values (B, H, S, Dh) of the memory (B, S, D)."""
+        """Keys and values (B, Hkv, S, Dh) of the memory (B, S, D)."""
         self.check_input(memory, "memory", "S")
         if self.fused_projections:
-            k, v = self.kv_proj(memory).split(self.d_model, dim=-1)  # 2 x (B, S, D)
+            k, v = self.kv_proj(memory).split(self.split_sizes, dim=-1)  # 2 x (B, S, Hkv*Dh)
         else:
             k, v = self.k_proj(memory), self.v_proj(memory)
-        return self.split_heads(k), self.split_heads(v)
+        return self.split_heads(k, self.n_kv_heads), self.split_heads(v, self.n_kv_heads)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
                 cache: MemoryCache | None = None, need_weights: bool = False
@@ -161,7 +192,7 @@ class CrossAttention(MultiHeadAttention):
         elif memory is None:
             raise ValueError("cross-attention needs the encoder output (memory)")
         else:
-            k, v = self.project_memory(memory)  # (B / G, H, S, Dh) each
+            k, v = self.project_memory(memory)  # (B / G, Hkv, S, Dh) each
             if cache is not None:
                 cache.keys, cache.values = k, v
         q = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.nn.attention.kernels import AttentionKernel
+from aiayn.nn.attention.kernels import AttentionKernel, refuse_position_bias, repeat_kv_heads
 from aiayn.nn.attention.linear import key_mask
 
 SPARSE_PATTERNS = ("local", "strided", "local+strided")
@@ -260,11 +260,13 @@ def _gathered_strided_part(q: Tensor, k: Tensor, keys_allowed: Tensor | None, st
 
 def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                      causal: bool = False, dropout: float = 0.0, *, pattern: str = "local+strided",
-                     window: int = 128, stride: int = 128, stride_count: int | None = None) -> Tensor:
+                     window: int = 128, stride: int = 128, stride_count: int | None = None,
+                     scale: float | None = None) -> Tensor:
     """Block-sparse attention (B, H, T, Dh); see the module docstring for the patterns.
 
     Args:
-        q: queries (B, H, T, Dh), right-aligned with the keys; k, v: keys and values (B, H, S, Dh).
+        q: queries (B, H, T, Dh), right-aligned with the keys; k, v: keys and values
+            (B, Hkv, S, Dh), Hkv dividing H.
         mask: key mask broadcastable to (B, H, 1, S), True = may attend (e.g. padding).
         causal: only keys at or before the query's position.
         dropout: dropout on the sparse attention weights.
@@ -273,6 +275,7 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
         stride: strided keys are a multiple of ``stride`` away.
         stride_count: strided keys at most ``stride_count * stride`` away (back, and forward when not
             causal): a dilated sliding window, linear in n; None: all of them (Child et al.).
+        scale: multiplies the scores; None: 1 / sqrt(Dh).
 
     Raises:
         ValueError: bad pattern/window/stride/stride_count, a per-query mask, or T > S.
@@ -284,6 +287,7 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
         raise ValueError(f"sparse attention aligns queries to the last keys and needs query_length "
                          f"<= key_length, got {query_length} > {key_length}")
     keys_allowed = key_mask(mask, batch, heads, query_length, key_length)  # (B|1, H|1, S)
+    k, v = repeat_kv_heads(k, v, heads)  # (B, H, S, Dh)
     # Distances never exceed S - 1, so larger windows/strides mean the same pattern as S.
     window, stride = min(window, key_length), min(stride, key_length)
     parts = []
@@ -306,7 +310,8 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
         else:
             parts.append(_bounded_strided_part(q, k, keys_allowed, stride, stride_count, causal,
                                                exclude))
-    scores = torch.cat([part[0] for part in parts], dim=-1) / math.sqrt(dim)  # (B, H, T, L + Ak)
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    scores = torch.cat([part[0] for part in parts], dim=-1) * scale  # (B, H, T, L + Ak)
     mask_batch = max(part[1].shape[0] for part in parts)
     mask_heads = max(part[1].shape[1] for part in parts)
     allowed = torch.cat([part[1].expand(mask_batch, mask_heads, query_length, part[1].shape[-1])
@@ -339,23 +344,26 @@ class SparseAttention(AttentionKernel):
         stride: stride of the strided pattern (``config.attention_stride``).
         stride_count: strided keys at most this many strides away, or None for all of them
             (``config.attention_stride_count``).
+        scale: multiplies the scores; None: 1 / sqrt(Dh).
 
     Raises:
         ValueError: a bad pattern, window, stride or stride_count.
     """
 
     def __init__(self, pattern: str = "local+strided", window: int = 128, stride: int = 128,
-                 stride_count: int | None = None):
-        super().__init__()
+                 stride_count: int | None = None, *, scale: float | None = None):
+        super().__init__(scale)
         _check_options(pattern, window, stride, stride_count)
         self.pattern, self.window, self.stride = pattern, window, stride
         self.stride_count = stride_count
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                causal: bool = False, dropout: float = 0.0) -> Tensor:
+                causal: bool = False, dropout: float = 0.0,
+                position_bias: Tensor | None = None) -> Tensor:
+        refuse_position_bias(position_bias, "sparse")
         return sparse_attention(q, k, v, mask=mask, causal=causal, dropout=dropout,
                                 pattern=self.pattern, window=self.window, stride=self.stride,
-                                stride_count=self.stride_count)
+                                stride_count=self.stride_count, scale=self.scale)
 
     def extra_repr(self) -> str:
         return (f"pattern={self.pattern!r}, window={self.window}, stride={self.stride}, "

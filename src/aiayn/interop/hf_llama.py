@@ -1,0 +1,161 @@
+"""Llama checkpoints (``LlamaForCausalLM``, ``LlamaModel``) <-> aiayn's ``CausalLM``.
+
+Llama is the GPT decoder with four changes, each a TransformerConfig field (docs/modern-decoder.md):
+rotary positions on q and k (``positions="rotary"``, ``rope_theta``), RMSNorm (``norm="rms"``), the
+SwiGLU feed-forward (``gated_ffn``, ``activation="silu"``) and grouped-query attention
+(``n_kv_heads``). Besides: pre-norm with a final norm, no biases (``attention_bias`` / ``mlp_bias``),
+no embedding scale, no dropout on the residual stream, and an output projection of its own unless
+``tie_word_embeddings``. Only the default RoPE is supported; scaled variants (``rope_type`` "linear",
+"dynamic", "yarn", "llama3") are refused.
+
+HF keeps q_proj, k_proj and v_proj apart; they are concatenated into aiayn's fused ``qkv_proj``
+((H + 2 Hkv) Dh rows), or kept apart with ``fused_projections=False``.
+
+Legend: D model width, F feed-forward width, V vocabulary, H heads, Hkv key/value heads, Dh head width.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from aiayn.config import TransformerConfig
+from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, CONFIG_FILE, Checkpoint, NameMap, Rule,
+                                     activation_from_hf, build_config, require)
+from aiayn.models import CausalLM
+
+MODEL_TYPES = ("llama",)
+ARCHITECTURES = {"LlamaForCausalLM": "causal_lm", "LlamaModel": "causal_lm"}
+
+
+def _rope_theta(hf: dict[str, Any], source) -> float:
+    """rope_theta from transformers 5's ``rope_parameters`` or 4's top-level field; scaled RoPE
+    variants are refused."""
+    parameters = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type")) if scaling else \
+        parameters.get("rope_type", "default")
+    if kind != "default":
+        raise ValueError(f"{source / CONFIG_FILE}: rope_type={kind!r} is not supported (aiayn "
+                         f"implements the default RoPE of Su et al. 2021)")
+    return float(parameters.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def _token_id(value: Any, vocab_size: int) -> int | None:
+    value = value[0] if isinstance(value, list) and value else value
+    return value if isinstance(value, int) and 0 <= value < vocab_size else None
+
+
+def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
+                   overrides: dict[str, Any]) -> TransformerConfig:
+    """The aiayn config of a Llama config.json (``overrides`` win)."""
+    source = checkpoint.directory
+    attention_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
+    if attention_bias != mlp_bias:
+        raise ValueError(f"{source / CONFIG_FILE}: attention_bias={attention_bias} with "
+                         f"mlp_bias={mlp_bias} is not supported (aiayn's bias covers both)")
+    vocab_size = require(hf, "vocab_size", source)
+    d_model = require(hf, "hidden_size", source)
+    heads = require(hf, "num_attention_heads", source)
+    head_dim = hf.get("head_dim") or d_model // heads
+    eos = _token_id(hf.get("eos_token_id"), vocab_size)
+    bos = _token_id(hf.get("bos_token_id"), vocab_size)
+    pad = _token_id(hf.get("pad_token_id"), vocab_size)
+    eos = eos if eos is not None else (bos if bos is not None else 0)
+    bos = bos if bos is not None else eos
+    fields: dict[str, Any] = dict(
+        vocab_size=vocab_size, d_model=d_model, n_heads=heads,
+        n_kv_heads=hf.get("num_key_value_heads") or heads,
+        d_head=None if head_dim * heads == d_model else head_dim,
+        d_ff=require(hf, "intermediate_size", source), n_encoder_layers=0,
+        n_decoder_layers=require(hf, "num_hidden_layers", source),
+        max_length=hf.get("max_position_embeddings", 2048), dropout=0.0,
+        attention_dropout=hf.get("attention_dropout", 0.0),
+        activation=activation_from_hf(hf.get("hidden_act", "silu"), "hidden_act", source),
+        gated_ffn=True, norm="rms", norm_first=True, final_norm=True,
+        layer_norm_eps=hf.get("rms_norm_eps", 1e-6), positions="rotary",
+        rope_theta=_rope_theta(hf, source), scale_embeddings=False, embedding_norm=False,
+        type_vocab_size=0, bias=bool(attention_bias),
+        tie_output=hf.get("tie_word_embeddings", False), output_bias=False,
+        init_std=hf.get("initializer_range", 0.02), pad_id=pad if pad is not None else eos,
+        bos_id=bos, eos_id=eos, decoder_start_id=bos)
+    fields.update(overrides)
+    return build_config(fields, source)
+
+
+def name_map(config: TransformerConfig, prefix: str, *, has_head: bool) -> NameMap:
+    """How a Llama checkpoint (keys under ``prefix``: "model." or "") fills a ``CausalLM``."""
+    n = config.n_decoder_layers
+    layer, hf_layer = "decoder.layers.{}.", f"{prefix}layers.{{}}."
+    rules = [Rule("decoder.embeddings.tokens.weight", (f"{prefix}embed_tokens.weight",)),
+             Rule("decoder.norm.weight", (f"{prefix}norm.weight",)),
+             Rule(f"{layer}self_attention_residual.norm.weight",
+                  (f"{hf_layer}input_layernorm.weight",), n),
+             Rule(f"{layer}feedforward_residual.norm.weight",
+                  (f"{hf_layer}post_attention_layernorm.weight",), n)]
+    inner, kv_inner = config.n_heads * config.head_dim, config.kv_heads * config.head_dim
+    for kind in ("weight", "bias") if config.bias else ("weight",):
+        q, k, v = (f"{hf_layer}self_attn.{name}.{kind}" for name in ("q_proj", "k_proj", "v_proj"))
+        if config.fused_projections:
+            rules.append(Rule(f"{layer}self_attention.qkv_proj.{kind}", (q, k, v), n,
+                              sizes=(inner, kv_inner, kv_inner)))
+        else:
+            rules += [Rule(f"{layer}self_attention.{name}_proj.{kind}", (hf,), n)
+                      for name, hf in (("q", q), ("k", k), ("v", v))]
+        rules.append(Rule(f"{layer}self_attention.out_proj.{kind}",
+                          (f"{hf_layer}self_attn.o_proj.{kind}",), n))
+        rules += [Rule(f"{layer}feedforward.{name}.{kind}", (f"{hf_layer}mlp.{name}.{kind}",), n)
+                  for name in ("gate_proj", "up_proj", "down_proj")]
+    ties, new = [], []
+    if config.tie_output:
+        ties.append((f"{prefix}embed_tokens.weight", "lm_head.weight"))
+    elif has_head:
+        rules.append(Rule("lm_head.weight", ("lm_head.weight",)))
+    else:
+        new.append("lm_head.weight")
+    # Older checkpoints store the rotary frequencies as a buffer: not a weight (aiayn recomputes it).
+    ignore = [rf"{prefix}(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq"]
+    return NameMap(rules, ties=ties, ignore=ignore, new=new)
+
+
+def plan(checkpoint: Checkpoint, architecture: str, task: str | None,
+         overrides: dict[str, Any]) -> tuple[nn.Module, NameMap]:
+    if task not in (None, "causal_lm"):
+        raise ValueError(f"a Llama checkpoint loads as 'causal_lm', not task={task!r}")
+    config = config_from_hf(checkpoint.config, checkpoint, overrides)
+    prefix = "model." if any(k.startswith("model.") for k in checkpoint.tensors) else ""
+    return CausalLM(config), name_map(config, prefix,
+                                      has_head="lm_head.weight" in checkpoint.tensors)
+
+
+# --- export --------------------------------------------------------------------------------------
+def matches(model: nn.Module) -> bool:
+    return isinstance(model, CausalLM) and model.config.positions == "rotary"
+
+
+def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
+    """The HF config.json and name map that write an aiayn ``CausalLM`` as ``LlamaForCausalLM``."""
+    config: TransformerConfig = model.config
+    required = dict(norm_first=True, final_norm=True, norm="rms", positions="rotary",
+                    gated_ffn=True, scale_embeddings=False, embedding_norm=False,
+                    type_vocab_size=0, output_bias=False, relative_attention_buckets=0,
+                    scale_attention=True, scale_output=False)
+    for name, value in required.items():
+        if getattr(config, name) != value:
+            raise ValueError(f"cannot export as Llama: Llama needs {name}={value!r}, the model has "
+                             f"{name}={getattr(config, name)!r}")
+    activation = "silu" if config.activation == "silu" else AIAYN_ACTIVATIONS[config.activation]
+    hf = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=config.vocab_size,
+              hidden_size=config.d_model, intermediate_size=config.d_ff,
+              num_hidden_layers=config.n_decoder_layers, num_attention_heads=config.n_heads,
+              num_key_value_heads=config.kv_heads, head_dim=config.head_dim,
+              hidden_act=activation, max_position_embeddings=config.max_length,
+              rms_norm_eps=config.layer_norm_eps,
+              rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
+              rope_theta=float(config.rope_theta), tie_word_embeddings=config.tie_output,
+              attention_bias=config.bias, mlp_bias=config.bias,
+              attention_dropout=config.attention_dropout,
+              initializer_range=config.init_std or 0.02, bos_token_id=config.bos_id,
+              eos_token_id=config.eos_id, pad_token_id=config.pad_id)
+    return hf, name_map(config, "model.", has_head=True)

@@ -1,0 +1,212 @@
+"""Text-to-text (Raffel et al. 2020, T5): every task as text in, text out, told apart by a prefix.
+
+    translation pair (en, de)     ->  "translate English to German: en"  ->  "de"
+    labelled text (text, label)   ->  "debian section: text"             ->  "label"
+
+One joint subword vocabulary over every source and target, one encoder-decoder, one loss (the
+translation task's label-smoothed cross-entropy), batches that mix the tasks. Validation reports the
+loss and, per task, what the task is judged by: BLEU and chrF of greedy translations, and the
+accuracy of the generated label text (exact match). A classification source longer than
+``max_length`` subwords is cut (its prefix comes first and stays); a translation pair longer than that
+is dropped, as the translation task does.
+
+Legend: B batch, S source length, T target length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiayn.config import TransformerConfig
+from aiayn.data.batching import TranslationBatch, collate, token_batches
+from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer
+from aiayn.models import Transformer
+from aiayn.tasks.translation import translation_loss
+
+KINDS = ("translation", "classification")
+PREFIXES_FILE = "prefixes.json"
+# Decoding limits (source length + this many tokens): paper 6.1's 50 for a translation, a few for a
+# label, which is a word or two
+MAX_EXTRA = {"translation": 50, "classification": 8}
+
+
+@dataclass(frozen=True)
+class TextExample:
+    """One example as text: the prefixed source, the target text, and which task it belongs to."""
+
+    source: str
+    target: str
+    kind: str
+
+
+def translation_examples(pairs: Sequence[Any], prefix: str) -> list[TextExample]:
+    """``SentencePair``s as examples: prefix + source -> target."""
+    return [TextExample(prefix + pair.source, pair.target, "translation") for pair in pairs]
+
+
+def classification_examples(rows: Any, prefix: str) -> list[TextExample]:
+    """``LabelledTexts`` rows as examples: prefix + text -> label."""
+    return [TextExample(prefix + text, label, "classification")
+            for text, label in zip(rows.texts, rows.labels)]
+
+
+class TextToTextTask:
+    """An encoder-decoder trained on text examples of several tasks at once.
+
+    Args:
+        train: training examples (any mix of kinds).
+        valid: validation examples; each kind present is scored by its metric.
+        tokenizer: a joint subword tokenizer (``SubwordTokenizer.train`` on the training texts).
+        prefixes: the prefix of each kind, saved with the run so decoding writes the same text.
+        max_tokens: padded tokens per side per batch; max_length: subwords per side at most.
+        label_smoothing: eps_ls of the loss; valid_sentences: translations decoded for BLEU.
+    """
+
+    name = "text2text"
+
+    def __init__(self, *, train: Sequence[TextExample], valid: Sequence[TextExample],
+                 tokenizer: SubwordTokenizer, prefixes: dict[str, str], max_tokens: int = 2500,
+                 max_length: int = 128, label_smoothing: float = 0.1, valid_sentences: int = 200,
+                 seed: int = 0, device: str | None = None):
+        if not train:
+            raise ValueError("text-to-text training needs examples (give --tasks and their data)")
+        if max_tokens <= 0 or max_length <= 0:
+            raise ValueError("max_tokens and max_length must be positive")
+        self.tokenizer, self.prefixes = tokenizer, dict(prefixes)
+        self.max_tokens, self.max_length = max_tokens, max_length
+        self.label_smoothing, self.valid_sentences, self.seed = label_smoothing, valid_sentences, seed
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.train_source, self.train_target = self._encode(train)
+        self.filtered = len(train) - len(self.train_source)
+        self.valid = list(valid)
+        self.valid_source, self.valid_target = self._encode(self.valid, drop=False)
+
+    def _encode(self, examples: Sequence[TextExample], *, drop: bool = True
+                ) -> tuple[list[list[int]], list[list[int]]]:
+        sources = self.tokenizer.encode([e.source for e in examples])
+        targets = self.tokenizer.encode([e.target for e in examples])
+        kept_source, kept_target = [], []
+        for example, source, target in zip(examples, sources, targets):
+            if example.kind == "classification":
+                source = source[:self.max_length]  # a long description: keep its beginning
+            elif drop and max(len(source), len(target)) > self.max_length:
+                continue
+            if source and target:
+                kept_source.append(source)
+                kept_target.append(target)
+        return kept_source, kept_target
+
+    # --- Task protocol ----------------------------------------------------------------------------
+    def model_config(self, base: TransformerConfig) -> TransformerConfig:
+        return base.replace(vocab_size=self.tokenizer.vocab_size, src_vocab_size=None,
+                            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, decoder_start_id=None,
+                            max_length=max(base.max_length, self.max_length + 52))
+
+    def build_model(self, model_config: TransformerConfig) -> nn.Module:
+        return Transformer(model_config)
+
+    def _batches(self, sources, targets, *, shuffle: bool, seed: int
+                 ) -> Iterator[TranslationBatch]:
+        for indices in token_batches([len(s) + 1 for s in sources], [len(t) + 1 for t in targets],
+                                     max_tokens=self.max_tokens, shuffle=shuffle, seed=seed):
+            yield collate([sources[i] for i in indices], [targets[i] for i in indices], indices,
+                          pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID).to(self.device)
+
+    def train_batches(self, epoch: int) -> Iterator[TranslationBatch]:
+        return self._batches(self.train_source, self.train_target, shuffle=True,
+                             seed=self.seed * 100_003 + epoch)
+
+    def valid_batches(self) -> Iterator[TranslationBatch]:
+        return self._batches(self.valid_source, self.valid_target, shuffle=False, seed=0)
+
+    def count(self, batch: TranslationBatch) -> int:
+        return batch.target_tokens
+
+    def loss(self, model: nn.Module, batch: TranslationBatch, *, smoothing: float | None = None
+             ) -> torch.Tensor:
+        smoothing = self.label_smoothing if smoothing is None else smoothing
+        return translation_loss(model, batch.source, batch.decoder_input, batch.targets,
+                                smoothing=smoothing)
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        import math
+
+        total, tokens = 0.0, 0
+        for batch in self.valid_batches():
+            total += float(self.loss(model, batch, smoothing=0.0))
+            tokens += batch.target_tokens
+        metrics = {"loss": total / tokens, "ppl": math.exp(min(total / tokens, 50.0))}
+        translations = [e for e in self.valid if e.kind == "translation"][:self.valid_sentences]
+        return {**metrics, **score_examples(model, self.tokenizer, translations),
+                **score_examples(model, self.tokenizer,
+                                 [e for e in self.valid if e.kind == "classification"])}
+
+    def save_assets(self, run_dir: Path) -> dict[str, Any]:
+        self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
+        (Path(run_dir) / PREFIXES_FILE).write_text(json.dumps(self.prefixes, indent=2) + "\n",
+                                                   encoding="utf-8")
+        kinds = {kind: sum(e.kind == kind for e in self.valid) for kind in KINDS}
+        return {"tokenizer": TOKENIZER_FILE, "prefixes": self.prefixes,
+                "vocab_size": self.tokenizer.vocab_size, "train_examples": len(self.train_source),
+                "filtered_examples": self.filtered, "valid_examples": kinds}
+
+    @classmethod
+    def load_assets(cls, run_dir: Path) -> "TextToTextAssets":
+        prefixes = json.loads((Path(run_dir) / PREFIXES_FILE).read_text(encoding="utf-8"))
+        return TextToTextAssets(SubwordTokenizer.load(Path(run_dir) / TOKENIZER_FILE), prefixes)
+
+
+@dataclass(frozen=True)
+class TextToTextAssets:
+    """What decoding a text-to-text run needs: its tokenizer and its task prefixes."""
+
+    tokenizer: SubwordTokenizer
+    prefixes: dict[str, str]
+
+
+def generate_texts(model: nn.Module, tokenizer: SubwordTokenizer, sources: Sequence[str], *,
+                   beam_size: int = 1, alpha: float = 0.6, max_extra: int = 50,
+                   max_length: int | None = None, step=None) -> list[str]:
+    """The model's output text for each (prefixed) source, greedy or beam, in input order."""
+    from aiayn.decoding.greedy import decoder_step
+    from aiayn.tasks.translate import translate_ids
+
+    ids = [row[:max_length] if max_length else row for row in tokenizer.encode(list(sources))]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            outputs = translate_ids(model, ids, beam_size=beam_size, alpha=alpha,
+                                    max_extra=max_extra, step=step or decoder_step)
+    finally:
+        model.train(was_training)
+    return tokenizer.decode(outputs)
+
+
+def score_examples(model: nn.Module, tokenizer: SubwordTokenizer,
+                   examples: Sequence[TextExample], *, beam_size: int = 1, alpha: float = 0.6,
+                   max_length: int = 128, step=None) -> dict[str, float]:
+    """Translation examples: ``bleu`` and ``chrf``; classification examples: ``accuracy`` of the
+    generated label text (stripped, exact match). Examples of one kind at a time; none: {}."""
+    from aiayn.tasks.translate import score_translations
+
+    if not examples:
+        return {}
+    kinds = {e.kind for e in examples}
+    if len(kinds) != 1:
+        raise ValueError(f"score one kind of example at a time, got {sorted(kinds)}")
+    kind = kinds.pop()
+    outputs = generate_texts(model, tokenizer, [e.source for e in examples], beam_size=beam_size,
+                             alpha=alpha, max_extra=MAX_EXTRA[kind], max_length=max_length,
+                             step=step)
+    if kind == "classification":
+        right = sum(out.strip() == e.target for out, e in zip(outputs, examples))
+        return {"accuracy": right / len(examples)}
+    return score_translations(outputs, [e.target for e in examples])

@@ -1,0 +1,141 @@
+"""aiayn's modern decoder equals Hugging Face ``LlamaForCausalLM`` built from configs (random weights,
+no download): logits within 1e-4 in float32 with right and left padding, grouped-query (8 query / 2
+key-value heads), multi-query and multi-head attention, tied and untied embeddings, a head width of
+its own; save_pretrained / from_pretrained round trips that transformers loads; 50 greedy tokens
+identical to HF ``generate``, also for a batch of left-padded prompts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import aiayn
+from aiayn.decoding.generation import generate
+from aiayn.interop.hf import from_transformers
+from hf_helpers import randomise
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB, NEW_TOKENS = 97, 50
+CASES = {
+    "gqa-8q-2kv-untied": dict(num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False),
+    "gqa-tied": dict(num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True),
+    "mqa-theta500": dict(num_attention_heads=4, num_key_value_heads=1, rope_theta=500.0),
+    "mha-head-dim-12": dict(num_attention_heads=4, num_key_value_heads=4, head_dim=12),
+}
+
+
+def hf_llama(case: str, std: float = 0.15):
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        max_position_embeddings=128, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0, **CASES[case])
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    randomise(model, std=std, skip=("rotary_emb",))  # inv_freq is a buffer, not a weight
+    return model
+
+
+def left_padded(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded random ids (B, T) and the mask (True = real)."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.randint(3, VOCAB, (len(lengths), width), generator=generator)
+    mask = torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]
+    return ids.masked_fill(~mask, 0), mask
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-qkv", "separate-qkv"])
+def test_logits_match_hf_with_right_and_left_padding(case, fused):
+    hf = hf_llama(case)
+    ours = from_transformers(hf, fused_projections=fused)
+    if case == "gqa-tied":
+        assert ours.lm_head.weight is ours.decoder.embeddings.tokens.weight
+    lengths = [11, 7, 4]
+    ids, left_mask = left_padded(lengths)
+    right_mask = left_mask.flip(1)
+    right_ids = torch.stack([torch.cat([row[mask], row[~mask]])  # the same rows, padded right
+                             for row, mask in zip(ids, left_mask)])
+    positions = (left_mask.long().cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        want_right = hf(right_ids, attention_mask=right_mask.long()).logits
+        want_left = hf(ids, attention_mask=left_mask.long(), position_ids=positions).logits
+        got_right = ours(right_ids, padding_mask=right_mask)
+        got_left = ours(ids, padding_mask=left_mask, positions=positions)
+    assert want_right[right_mask].std() > 0.1  # far from uniform: the test can fail
+    assert (got_right - want_right)[right_mask].abs().max() < 1e-4
+    assert (got_left - want_left)[left_mask].abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("case", ["gqa-8q-2kv-untied", "gqa-tied", "mha-head-dim-12"])
+def test_save_pretrained_round_trips_through_transformers(tmp_path, case):
+    hf = hf_llama(case)
+    hf.save_pretrained(tmp_path / "hf")
+    ours = aiayn.from_pretrained(tmp_path / "hf")
+    aiayn.save_pretrained(ours, tmp_path / "ours")
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    assert type(again).__name__ == "LlamaForCausalLM"
+    assert again.config.num_key_value_heads == hf.config.num_key_value_heads
+    assert again.config.tie_word_embeddings == hf.config.tie_word_embeddings
+    ids = torch.randint(3, VOCAB, (2, 9))
+    with torch.no_grad():
+        want = hf(ids).logits
+        torch.testing.assert_close(again(ids).logits, want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(ours(ids), want, rtol=0, atol=1e-4)
+    hf_state, again_state = hf.state_dict(), again.state_dict()
+    assert hf_state.keys() == again_state.keys()
+    for name in hf_state:
+        torch.testing.assert_close(again_state[name], hf_state[name], rtol=0, atol=0, msg=name)
+
+
+def hf_greedy(hf, ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    hf.generation_config.eos_token_id = None  # 50 tokens, no early stop
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=mask.long(), do_sample=False, num_beams=1,
+                          max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
+    return out[:, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("case", ["gqa-8q-2kv-untied", "gqa-tied"])
+def test_fifty_greedy_tokens_equal_hf_generate(case):
+    hf = hf_llama(case, std=0.3)
+    ours = from_transformers(hf)
+    for seed in range(3):
+        prompt, mask = left_padded([4 + seed], seed=seed)
+        got = generate(ours, prompt, max_new_tokens=NEW_TOKENS, greedy=True).tokens
+        assert got == hf_greedy(hf, prompt, mask)
+
+
+def test_fifty_greedy_tokens_of_left_padded_prompts_equal_hf_generate():
+    hf = hf_llama("gqa-8q-2kv-untied", std=0.3)
+    ours = from_transformers(hf)
+    ids, mask = left_padded([9, 3, 6], seed=5)
+    prompts = [row[row_mask].tolist() for row, row_mask in zip(ids, mask)]
+    got = generate(ours, prompts, max_new_tokens=NEW_TOKENS, greedy=True).tokens
+    want = hf_greedy(hf, ids, mask)
+    assert got == want
+    assert len({tuple(row) for row in want}) == 3  # the rows differ: padding is really exercised
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_type='linear' is not supported"),
+    (dict(attention_bias=True, mlp_bias=False), "attention_bias=True with mlp_bias=False"),
+])
+def test_unsupported_llama_configs_are_refused(tmp_path, fields, message):
+    config = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=VOCAB,
+                  hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                  num_attention_heads=4, **fields)
+    checkpoint = aiayn.interop.hf_common.Checkpoint(tmp_path, config, {}, {})
+    with pytest.raises(ValueError, match=message):
+        aiayn.interop.hf_llama.config_from_hf(config, checkpoint, {})
+
+
+def test_export_refuses_a_rotary_model_llama_cannot_express(tmp_path):
+    model = aiayn.CausalLM(aiayn.TransformerConfig.preset("llama-char", norm="layer"))
+    with pytest.raises(ValueError, match="Llama needs norm='rms'"):
+        aiayn.save_pretrained(model, tmp_path)
+    gpt = aiayn.CausalLM(aiayn.TransformerConfig.preset("char-gpt", norm="rms", bias=True))
+    with pytest.raises(ValueError, match="cannot export as gpt2: it needs norm='layer'"):
+        aiayn.save_pretrained(gpt, tmp_path)

@@ -1,0 +1,213 @@
+"""The modern decoder's blocks (issue 33): RMSNorm, rotary positions, SwiGLU, grouped-query attention.
+
+Each block against its formula or an independent equivalent (a grouped-query model equals the
+multi-head model whose key/value heads are repeated; the fused kernel's grouping equals its repeat
+fallback and the other kernels), cached decoding against the full forward (also left-padded and in
+fixed-shape slot steps), the KV cache's size, and bad configs refused with the field named.
+HF Llama parity is tests/test_hf_llama.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn import CausalLM, TransformerConfig
+from aiayn.decoding.generation import generate
+from aiayn.nn.attention import kernels as kernel_module
+from aiayn.nn.attention.chunked import ChunkedAttention
+from aiayn.nn.attention.kernels import FusedAttention, ReferenceAttention, repeat_kv_heads
+from aiayn.nn.attention.sparse import SparseAttention
+from aiayn.nn.feedforward import GatedFeedForward
+from aiayn.nn.rotary import RotaryEmbedding, apply_rotary
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LLAMA = TransformerConfig.preset("llama-char", vocab_size=50, d_model=64, n_heads=8, n_kv_heads=2,
+                                 d_ff=96, n_decoder_layers=2, max_length=48, init_std=0.2)
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+
+
+def llama(seed: int = 0, **changes) -> CausalLM:
+    torch.manual_seed(seed)
+    model = CausalLM(LLAMA.replace(**changes)).eval()
+    with torch.no_grad():  # gains away from 1 so a wrongly applied norm shows
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.copy_(1 + 0.3 * torch.randn_like(parameter))
+    return model
+
+
+def test_rms_norm_is_its_formula_without_mean_or_bias():
+    model = llama()
+    norm = model.decoder.layers[0].self_attention_residual.norm
+    x = torch.randn(3, 5, 64) + 2.0  # a mean far from 0: LayerNorm would remove it
+    want = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + LLAMA.layer_norm_eps) * norm.weight
+    torch.testing.assert_close(norm(x), want)
+    assert [name for name, _ in norm.named_parameters()] == ["weight"]
+
+
+def test_rotation_keeps_lengths_and_scores_depend_only_on_the_distance():
+    rotary = RotaryEmbedding(16, theta=10000.0, max_length=64)
+    q, k = torch.randn(2, 3, 1, 16), torch.randn(2, 3, 1, 16)
+
+    def score(m: int, n: int) -> torch.Tensor:
+        rotated_q = apply_rotary(q, rotary(torch.tensor([m])))
+        rotated_k = apply_rotary(k, rotary(torch.tensor([n])))
+        return (rotated_q * rotated_k).sum(-1)
+
+    rotated = apply_rotary(q, rotary(torch.tensor([7])))
+    torch.testing.assert_close(rotated.norm(dim=-1), q.norm(dim=-1))
+    torch.testing.assert_close(score(9, 4), score(25, 20), rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(score(9, 4), score(9, 5), atol=1e-3)
+    # position 0 is the identity; per-row positions (B, T) give per-row rotations
+    torch.testing.assert_close(apply_rotary(q, rotary(torch.tensor([0]))), q)
+    cos, sin = rotary(torch.tensor([[3], [5]]))
+    assert cos.shape == sin.shape == (2, 1, 1, 16)
+
+
+def test_swiglu_is_down_of_silu_gate_times_up_without_biases():
+    ffn = GatedFeedForward(8, 12, activation="silu")
+    x = torch.randn(2, 3, 8)
+    gate, up, down = ffn.gate_proj.weight, ffn.up_proj.weight, ffn.down_proj.weight
+    want = (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
+    torch.testing.assert_close(ffn(x), want)
+    assert all(module.bias is None for module in (ffn.gate_proj, ffn.up_proj, ffn.down_proj))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-qkv", "separate-qkv"])
+def test_grouped_query_attention_equals_multi_head_with_repeated_key_value_heads(fused):
+    """Hkv = 2 for H = 8: the same as H = 8 key/value heads where each group repeats its head."""
+    grouped = llama(fused_projections=fused)
+    full = CausalLM(LLAMA.replace(n_kv_heads=None, fused_projections=fused)).eval()
+    dh, group = LLAMA.head_dim, LLAMA.n_heads // LLAMA.n_kv_heads
+    state = {}
+    for name, value in grouped.state_dict().items():
+        if name.endswith("qkv_proj.weight"):
+            q, k, v = value.split((8 * dh, 2 * dh, 2 * dh))
+            value = torch.cat([q, *(x.view(2, dh, -1).repeat_interleave(group, 0).reshape(-1, 64)
+                                    for x in (k, v))])
+        elif name.endswith(("k_proj.weight", "v_proj.weight")):
+            value = value.view(2, dh, -1).repeat_interleave(group, 0).reshape(-1, 64)
+        state[name] = value
+    full.load_state_dict(state)
+    ids = torch.randint(3, 50, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(grouped(ids), full(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_every_softmax_kernel_groups_heads_alike_and_the_fused_fallback_repeats():
+    q = torch.randn(2, 8, 6, 16)
+    k, v = torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16)
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    mask[1, ..., :3] = False
+    want = ReferenceAttention()(q, *repeat_kv_heads(k, v, 8), mask=mask, causal=True)
+    for kernel in (ReferenceAttention(), FusedAttention(), ChunkedAttention(4),
+                   SparseAttention("local", window=64)):
+        torch.testing.assert_close(kernel(q, k, v, mask=mask, causal=True), want,
+                                   rtol=1e-5, atol=1e-5, msg=type(kernel).__name__)
+    assert kernel_module.SDPA_GROUPS_HEADS == (torch.__version__ >= (2, 5))
+
+
+def test_fused_kernel_without_sdpa_grouping_repeats_the_heads(monkeypatch):
+    q, k, v = torch.randn(1, 4, 5, 8), torch.randn(1, 1, 5, 8), torch.randn(1, 1, 5, 8)
+    grouped = FusedAttention()(q, k, v, causal=True)
+    monkeypatch.setattr(kernel_module, "SDPA_GROUPS_HEADS", False)
+    torch.testing.assert_close(FusedAttention()(q, k, v, causal=True), grouped)
+
+
+@pytest.mark.parametrize("attention", ["fused", "reference", "chunked"])
+def test_cached_decoding_equals_the_full_forward(attention):
+    model = llama(attention=attention)
+    ids = torch.randint(3, 50, (2, 12))
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache(2, 16)
+        steps = [model(ids[:, :5], cache=cache)] + [model(ids[:, t:t + 1], cache=cache)
+                                                   for t in range(5, 12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_left_padded_rows_generate_what_they_generate_alone():
+    model = llama()
+    batch = generate(model, PROMPTS, max_new_tokens=20, greedy=True).tokens
+    alone = [generate(model, [prompt], max_new_tokens=20, greedy=True).tokens[0]
+             for prompt in PROMPTS]
+    assert batch == alone
+
+
+def test_fixed_shape_slot_steps_give_the_plain_loops_tokens():
+    """The CUDA-graph engine's steps (explicit positions, every cache slot), run as plain calls."""
+    from aiayn.fast.cuda_graphs import GraphedSteps
+
+    model = llama()
+    got = generate(model, PROMPTS, max_new_tokens=15, greedy=True,
+                   steps=GraphedSteps(use_graph=False))
+    assert got.tokens == generate(model, PROMPTS, max_new_tokens=15, greedy=True).tokens
+
+
+def cache_bytes(model: CausalLM) -> int:
+    cache = model.new_cache(batch=4, max_length=48)
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.self_attention)
+
+
+def test_the_kv_cache_of_four_times_fewer_kv_heads_is_four_times_smaller():
+    grouped, full = llama(n_kv_heads=2), llama(n_kv_heads=None)
+    assert cache_bytes(full) == 4 * cache_bytes(grouped)
+    # 2 layers x (keys + values) x 4 rows x 2 heads x 48 positions x Dh 8 x 4 bytes
+    assert cache_bytes(grouped) == 2 * 2 * 4 * 2 * 48 * 8 * 4
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(n_kv_heads=3), r"n_kv_heads \(3\) must divide n_heads \(8\)"),
+    (dict(n_kv_heads=0), "n_kv_heads must be a positive integer"),
+    (dict(d_model=60, n_heads=4, n_kv_heads=None), r"even head width, got 15"),
+    (dict(d_head=7), r"even head width, got 7"),
+    (dict(attention="linear"), "n_kv_heads=2 needs a softmax kernel"),
+    (dict(rope_theta=0.0), "rope_theta must be positive"),
+    (dict(norm="batch"), "norm must be one of"),
+])
+def test_bad_configs_are_refused_naming_the_field(fields, message):
+    with pytest.raises(ValueError, match=message):
+        LLAMA.replace(**fields)
+
+
+def test_a_head_width_of_its_own_sizes_the_projections():
+    model = llama(d_head=12)  # 8 heads x 12 = 96 inner width for D = 64
+    attention = model.decoder.layers[0].self_attention
+    assert attention.qkv_proj.weight.shape == ((8 + 2 + 2) * 12, 64)
+    assert attention.out_proj.weight.shape == (64, 96)
+    ids = torch.randint(3, 50, (1, 7))
+    with torch.no_grad():
+        cache = model.new_cache(1, 8)
+        steps = torch.cat([model(ids[:, :3], cache=cache), model(ids[:, 3:], cache=cache)], 1)
+        torch.testing.assert_close(steps, model(ids), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_the_modern_decoder_compiles_whole_for_training_and_a_cached_step():
+    """``torch.compile(fullgraph=True)``: rotary, RMSNorm, SwiGLU and grouped heads break no graph
+    (aot_eager traces what inductor would, see tests/test_compile.py)."""
+    from aiayn.decoding.generation import decode_step
+
+    torch._dynamo.reset()
+    model = llama().train()
+    ids = torch.randint(3, 50, (2, 9))
+    out = torch.compile(model, fullgraph=True, backend="aot_eager")(ids)
+    out.square().mean().backward()
+    compiled_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model(ids).square().mean().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(compiled_grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    model.eval()
+    step = torch.compile(decode_step, fullgraph=True, backend="aot_eager", dynamic=True)
+    with torch.no_grad():
+        caches = [model.new_cache(2, 16) for _ in range(2)]
+        for cache in caches:
+            model(ids[:, :4], cache=cache)
+        for t in range(4, 9):
+            torch.testing.assert_close(step(model, ids[:, t:t + 1], None, None, caches[0]),
+                                       decode_step(model, ids[:, t:t + 1], None, None, caches[1]),
+                                       rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()

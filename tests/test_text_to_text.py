@@ -1,0 +1,104 @@
+"""Text-to-text (issue 32): translation and classification examples as prefixed text for one T5-style
+model; ``aiayn train text2text`` and ``aiayn evaluate`` end to end on tiny files (the bundled-data
+run is in docs/t5.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from aiayn import Transformer, TransformerConfig
+from aiayn.cli import main
+from aiayn.data.tokenizer import SubwordTokenizer
+from aiayn.tasks.text_to_text import (TextExample, TextToTextTask, classification_examples,
+                                      score_examples)
+
+WORDS = ["red", "green", "blue", "house", "tree", "cat", "dog", "big", "small", "old"]
+GERMAN = ["rot", "grün", "blau", "Haus", "Baum", "Katze", "Hund", "groß", "klein", "alt"]
+
+
+def write_data(tmp_path):
+    translation = tmp_path / "pairs.tsv"
+    lines = ["en\tde\tsplit"]
+    for i in range(60):
+        a, b = i % 10, (i * 3 + 1) % 10
+        split = "test" if i % 10 == 0 else "valid" if i % 10 == 1 else "train"
+        lines.append(f"the {WORDS[a]} {WORDS[b]}\tdie {GERMAN[a]} {GERMAN[b]}\t{split}")
+    translation.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    classification = tmp_path / "labels.tsv"
+    rows = ["text\tlabel"] + [f"a {WORDS[i % 5]} thing number {i}\t{'colour' if i % 5 < 3 else 'place'}"
+                              for i in range(60)]
+    classification.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return translation, classification
+
+
+def test_examples_are_prefixed_text_and_long_classification_sources_are_cut():
+    from aiayn.data.labelled_tsv import LabelledTexts
+
+    rows = LabelledTexts(texts=("word " * 50, "short"), labels=("a", "b"), lines=(2, 3),
+                         splits=None, source="x")
+    examples = classification_examples(rows, "section: ")
+    assert examples[1] == TextExample("section: short", "b", "classification")
+    tokenizer = SubwordTokenizer.train([e.source for e in examples] + ["a", "b"], vocab_size=60)
+    task = TextToTextTask(train=examples, valid=examples, tokenizer=tokenizer,
+                          prefixes={"classification": "section: "}, max_length=10)
+    assert max(map(len, task.train_source)) == 10 and len(task.train_source) == 2
+
+
+def test_accuracy_is_the_share_of_generated_labels_equal_to_the_label_text(monkeypatch):
+    from aiayn.tasks import text_to_text
+
+    examples = [TextExample(f"s: {i}", label, "classification")
+                for i, label in enumerate(["admin", "libs", "admin", "net"])]
+    monkeypatch.setattr(text_to_text, "generate_texts",
+                        lambda *args, **kwargs: [" admin", "libs ", "net", "netx"])
+    assert score_examples(None, None, examples) == {"accuracy": 0.5}
+    with pytest.raises(ValueError, match="one kind of example at a time"):
+        score_examples(None, None, examples + [TextExample("t: x", "y", "translation")])
+
+
+def test_the_query_init_folds_in_the_score_scale_without_scale_attention():
+    torch.manual_seed(0)
+    scaled = Transformer(TransformerConfig.preset("t5-cpu", vocab_size=100, scale_attention=True))
+    torch.manual_seed(0)
+    folded = Transformer(TransformerConfig.preset("t5-cpu", vocab_size=100))
+    for a, b in zip(scaled.modules(), folded.modules()):
+        if hasattr(a, "qkv_proj"):
+            rows = a.split_sizes[0]
+            torch.testing.assert_close(b.qkv_proj.weight[:rows], a.qkv_proj.weight[:rows] * 32 ** -0.5)
+            torch.testing.assert_close(b.qkv_proj.weight[rows:], a.qkv_proj.weight[rows:])
+        elif hasattr(a, "q_proj"):
+            torch.testing.assert_close(b.q_proj.weight, a.q_proj.weight * 32 ** -0.5)
+
+
+@pytest.mark.slow  # two short trainings and their evaluations (~half a minute)
+def test_train_and_evaluate_text_to_text_from_the_command_line(tmp_path, capsys):
+    translation, classification = write_data(tmp_path)
+    common = ["--translation-data", str(translation), "--classification-data",
+              str(classification), "--steps", "30", "--eval-every", "30", "--save-every", "30",
+              "--set", "d_model=32", "--set", "d_ff=64", "--set", "n_encoder_layers=1",
+              "--set", "n_decoder_layers=1", "--vocab-size", "120", "--max-tokens", "400",
+              "--threads", "1", "--no-progress", "--valid-sentences", "5"]
+    run_dir = tmp_path / "both"
+    assert main(["train", "text2text", "--out", str(run_dir), *common]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"bleu", "chrf", "accuracy", "loss"} <= set(summary)
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["model_config"]["relative_attention_buckets"] == 32
+    assert info["assets"]["prefixes"] == {"translation": "translate English to German: ",
+                                          "classification": "debian section: "}
+    assert main(["evaluate", str(run_dir), "--data", str(translation), str(classification),
+                 "--beam", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["translation"]["examples"] == 6 and 0 <= result["translation"]["bleu"] <= 100
+    assert result["classification"]["examples"] == 6  # the stratified 10 % test rows
+    assert 0 <= result["classification"]["accuracy"] <= 1
+
+    single = tmp_path / "translation-only"
+    assert main(["train", "text2text", "--out", str(single), "--tasks", "translation",
+                 *common]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(single), "--data", str(classification)]) == 1
+    assert "trained on ['translation'] only" in capsys.readouterr().err
