@@ -128,12 +128,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from aiayn.data.labelled_tsv import read_labelled_tsv
     from aiayn.tasks.classification import score
     from aiayn.training.checkpoint import atomic_write_bytes, atomic_write_json
-    from aiayn.training.run import load_run
+    from aiayn.tasks.checkpoints import load_model_dir
 
     if len(args.data) != 1:
         raise ValueError(f"classification evaluates one TSV file, got {len(args.data)} paths")
     path = Path(args.data[0])
-    run = load_run(args.run_dir, task="classification")
+    run = load_model_dir(args.run_dir, task="classification")
     assets = run.assets
     rows, which = _evaluation_rows(read_labelled_tsv(path), assets.split, args.split)
     if args.limit:
@@ -144,13 +144,14 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     report, probabilities = score(run.model, assets, rows, device=args.device,
                                   tokens_per_batch=max(args.max_tokens, assets.max_tokens) * 8)
     print(report.confusion_table(), file=sys.stderr)
-    directory = Path(args.run_dir) / "evaluation"
-    directory.mkdir(exist_ok=True)
-    stem = f"{path.name.split('.')[0]}.{args.split}"
-    atomic_write_bytes(directory / f"{stem}.confusion.tsv", report.confusion_tsv().encode())
-    atomic_write_json(directory / f"{stem}.json", {"data": str(path), "rows": which,
-                                                   **report.to_dict()})
-    print(f"saved {directory / (stem + '.confusion.tsv')} and {stem}.json", file=sys.stderr)
+    if (Path(args.run_dir) / "run.json").is_file():  # not into a checkpoint directory
+        directory = Path(args.run_dir) / "evaluation"
+        directory.mkdir(exist_ok=True)
+        stem = f"{path.name.split('.')[0]}.{args.split}"
+        atomic_write_bytes(directory / f"{stem}.confusion.tsv", report.confusion_tsv().encode())
+        atomic_write_json(directory / f"{stem}.json", {"data": str(path), "rows": which,
+                                                       **report.to_dict()})
+        print(f"saved {directory / (stem + '.confusion.tsv')} and {stem}.json", file=sys.stderr)
     if args.output:
         lines = [f"{assets.labels.name(int(i))}\t{float(p):.6f}"
                  for p, i in zip(*probabilities.max(-1))]

@@ -80,11 +80,11 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
     from aiayn.data.text_corpus import read_texts
     from aiayn.tasks.masked_lm import MaskedLMTask
-    from aiayn.training.run import load_run
+    from aiayn.tasks.checkpoints import load_model_dir
 
     if len(args.data) != 1:
         raise ValueError(f"mlm evaluates one text file, got {len(args.data)} paths")
-    run = load_run(args.run_dir, task="mlm")
+    run = load_model_dir(args.run_dir, task="mlm")
     texts = list(read_texts(args.data[0]))
     if args.limit:
         texts = texts[:args.limit]
