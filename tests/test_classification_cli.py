@@ -70,6 +70,12 @@ def test_evaluate_scores_the_held_out_test_split_and_saves_the_confusion_matrix(
     assert sum(map(sum, saved["confusion"])) == 9
     tsv = (run_dir / "evaluation" / "tiny.test.confusion.tsv").read_text().splitlines()
     assert tsv[0] == "true\\predicted\tgames\tnet\tsound" and len(tsv) == 4
+    picture = run_dir / "evaluation" / "confusion.png"
+    assert main(["plot", "confusion", str(run_dir / "evaluation" / "tiny.test.json"), "--out",
+                 str(picture), "--dpi", "40"]) == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plot", "confusion", str(run_dir / "run.json"), "--out", str(picture)]) == 1
+    assert "not a saved classification evaluation" in capsys.readouterr().err
 
 
 def test_the_same_seed_gives_the_same_model_in_another_process(run_dir, data, tmp_path):

@@ -23,7 +23,7 @@ DEFAULTS = dict(preset="encoder-small", optimizer="adamw", betas=(0.9, 0.999), a
 # where the command line leaves it unset. FINE_TUNING was chosen on the validation split of the
 # bundled data for all-MiniLM-L6-v2 within 10 minutes of CPU training (docs/classification.md).
 FROM_SCRATCH = dict(steps=240, warmup=24, lr=2e-3, min_lr=1e-5, eval_every=80, save_every=80,
-                    max_tokens=48, pooling="mean", train_layers=None)
+                    max_tokens=48, pooling="mean", train_layers="all")
 FINE_TUNING = dict(steps=420, warmup=30, lr=5e-4, min_lr=0.0, eval_every=210, save_every=210,
                    max_tokens=48, pooling="mean", train_layers=2)
 
@@ -54,9 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "Hugging Face BERT directory (its tokenizer comes along; the preset "
                             "is ignored, --set still applies)")
     group.add_argument("--label-smoothing", type=float, default=0.0)
-    group.add_argument("--train-layers", type=int, default=None, metavar="K",
+    group.add_argument("--train-layers", type=_layer_count, default=None, metavar="K",
                        help="train only the top K encoder layers and the head (the embeddings and "
-                            "the layers below stay as initialised; cheaper steps)")
+                            "the layers below stay as initialised; cheaper steps), or 'all'")
     _describe_recipes(parser)
 
 
@@ -67,6 +67,18 @@ def _describe_recipes(parser: argparse.ArgumentParser) -> None:
             scratch, tuned = FROM_SCRATCH[action.dest], FINE_TUNING[action.dest]
             action.help = (f"{action.help or ''} (default: {scratch} from scratch, {tuned} with "
                            f"--init)").replace("%", "%%").lstrip(" ")
+
+
+def _layer_count(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a count >= 0 or 'all', got {text!r}")
+    return value
 
 
 def apply_recipe(args: argparse.Namespace) -> None:
@@ -148,7 +160,8 @@ def make_task(args: argparse.Namespace):
         train=parts["train"], valid=parts["valid"], labels=labels, tokenizer=tokenizer,
         max_tokens=args.max_tokens, batch_size=args.batch_size, seed=args.seed, device=device,
         label_smoothing=args.label_smoothing, split=split, pretrained=pretrained,
-        pooling=args.pooling, data_info=data_info, trainable_layers=args.train_layers)
+        pooling=args.pooling, data_info=data_info,
+        trainable_layers=None if args.train_layers == "all" else args.train_layers)
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
