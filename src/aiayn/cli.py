@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "aiayn.commands.translate",
     "aiayn.commands.generate",
     "aiayn.commands.classify",
+    "aiayn.commands.embed",
     "aiayn.commands.plot",
     "aiayn.commands.attention",
 )

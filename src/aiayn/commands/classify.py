@@ -19,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "classify", help="label texts with a trained classification run",
         description=__doc__.strip().splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run of 'aiayn train classification'")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run of 'aiayn train classification' "
+                        "or a Hugging Face BertForSequenceClassification checkpoint directory")
     parser.add_argument("--text", action="append", dest="texts", default=[], metavar="TEXT",
                         help="a text to classify (repeatable; default: stdin lines)")
     parser.add_argument("--top", type=positive_int, default=1, help="labels printed per text")
@@ -31,9 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from aiayn.data.text_files import decode_lines
     from aiayn.tasks.classification import predict_probabilities
-    from aiayn.training.run import load_run
+    from aiayn.tasks.checkpoints import load_model_dir
 
-    classifier = load_run(args.run_dir, task="classification")
+    classifier = load_model_dir(args.run_dir, task="classification")
     assets = classifier.assets
     classifier.model.to(args.device)
     top = min(args.top, len(assets.labels))

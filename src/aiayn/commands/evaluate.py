@@ -19,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Evaluate the model of RUN_DIR on a data file with the metrics of its task "
                     "(translation: sacreBLEU and chrF of beam or greedy output). Prints one JSON "
                     "line.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by 'aiayn train'")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by 'aiayn train', or "
+                        "a Hugging Face checkpoint directory (Marian, BART, GPT-2, BERT)")
     parser.add_argument("--data", required=True, nargs="+", metavar="PATH",
                         help="evaluation data in the task's format (translation: a TSV, or a "
                              "source and a target file)")
@@ -41,16 +42,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from aiayn.commands.train import task_module
-    from aiayn.training.run import read_run_info
+    from aiayn.tasks.checkpoints import directory_task
 
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    info = read_run_info(args.run_dir)
-    module = task_module(info["task"])
+    task = directory_task(args.run_dir)
+    module = task_module(task) if task != "encoder" else None
     if not hasattr(module, "evaluate"):
-        raise ValueError(f"task {info['task']!r} has no evaluation command")
+        raise ValueError(f"task {task!r} has no evaluation command")
     result = module.evaluate(args)
     print(json.dumps(result))
     return 0

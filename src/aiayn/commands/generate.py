@@ -1,8 +1,9 @@
-"""``aiayn generate RUN_DIR --prompt TEXT``: continue a prompt with a trained language model.
+"""``aiayn generate RUN_DIR --prompt TEXT``: continue a prompt with a trained language model (a run
+of ``aiayn train lm`` or a Hugging Face GPT-2 checkpoint directory, with its tokenizer).
 
 Tokens stream to stdout as they are produced (one prompt), or each continuation is printed once done
 (several prompts, generated together as one left-padded batch). A prompt longer than the model's
-context keeps its last ``context - 1`` characters, with a warning on stderr. Past the context the
+context keeps its last ``context - 1`` tokens, with a warning on stderr. Past the context the
 cache slides (rebuilt from the last half of the context, like nanoGPT's sampler cropping its input)
 unless ``--no-slide`` makes that an error.
 """
@@ -20,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "generate", help="generate text from a trained language model (aiayn train lm)",
         description="Continue a prompt with the model of RUN_DIR; tokens stream to stdout.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by 'aiayn train lm'")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ('aiayn train lm') or "
+                        "a Hugging Face GPT-2 checkpoint directory")
     parser.add_argument("--prompt", action="append", default=None, metavar="TEXT",
                         help="text to continue (repeat for a batch of prompts; default: a newline)")
     parser.add_argument("--max-new-tokens", type=int, default=200)
@@ -68,12 +70,13 @@ class StopStrings:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from aiayn.data.text import CharVocabulary
     from aiayn.decoding.generation import GenerationConfig
-    from aiayn.training.run import load_run
+    from aiayn.tasks.checkpoints import load_model_dir
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    run_ = load_run(args.run_dir, task="lm")
+    run_ = load_model_dir(args.run_dir, task="lm")
     vocabulary, context = run_.assets, run_.model_config.max_length
     inference = engine.engine(run_.model.to(torch.device(args.device)), args)
     stops = StopStrings(args.stop)
@@ -84,22 +87,26 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"prompt {number} is empty")
         ids = vocabulary.encode(prompt, source=f"prompt {number}")
         if len(ids) >= context:
-            print(f"aiayn generate: warning: prompt {number} has {len(ids)} characters, more than "
+            unit = "characters" if isinstance(vocabulary, CharVocabulary) else "tokens"
+            print(f"aiayn generate: warning: prompt {number} has {len(ids)} {unit}, more than "
                   f"the context of {context} allows; keeping its last {context - 1}",
                   file=sys.stderr)
             ids = ids[-(context - 1):]
         rows.append(ids)
     stream = len(rows) == 1 and not args.no_stream
-    texts = [""] * len(rows)
+    texts, streamed = [""] * len(rows), []
     shown, done = [0], [False]
 
     def on_step(step: int, tokens, finished) -> None:
         if done[0]:  # the stop string is out; the generator notices at its next check
             return
-        texts[0] += vocabulary.decode([int(tokens[0])])
+        # The whole continuation decoded again: a subword tokenizer's bytes of one character can
+        # span tokens (held back while incomplete, shown as U+FFFD by the decoder).
+        streamed.append(int(tokens[0]))
+        texts[0] = vocabulary.decode(streamed)
         cut = stops.cut(texts[0])
         done[0] = cut is not None
-        visible = cut if cut is not None else stops.safe(texts[0])
+        visible = cut if cut is not None else stops.safe(texts[0].rstrip("\ufffd"))
         if visible > shown[0]:
             sys.stdout.write(texts[0][shown[0]:visible])
             sys.stdout.flush()

@@ -1,4 +1,5 @@
-"""``aiayn plot``: the paper's pictures — positions, learning-rate schedule — and a run's curves."""
+"""``aiayn plot``: the paper's pictures — positions, learning-rate schedule — a run's curves and a
+classifier's confusion matrix."""
 
 from __future__ import annotations
 
@@ -48,6 +49,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     curves.add_argument("--dpi", type=int, default=110, help="resolution (default 110)")
     curves.set_defaults(run=run_curves)
 
+    confusion = kinds.add_parser(
+        "confusion", help="the confusion matrix of a classifier's evaluation",
+        description="Draw the confusion matrix that 'aiayn evaluate' saved for a classification "
+                    "run (RUN_DIR/evaluation/<data>.<split>.json): rows coloured by the share of "
+                    "each true label, counts in the cells.")
+    confusion.add_argument("report", metavar="EVALUATION_JSON",
+                           help="RUN_DIR/evaluation/<data>.<split>.json")
+    confusion.add_argument("--title", default=None, help="figure title")
+    confusion.add_argument("--out", required=True, help="output image (.png, .svg, .pdf)")
+    confusion.add_argument("--dpi", type=int, default=110, help="resolution (default 110)")
+    confusion.set_defaults(run=run_confusion)
+
 
 def run_positions(args: argparse.Namespace) -> int:
     from aiayn.visualise.plots import plot_positions
@@ -72,5 +85,13 @@ def run_curves(args: argparse.Namespace) -> int:
     source = Path(args.run_dir)
     log = source / "log.jsonl" if source.is_dir() else source
     path = plot_run(log, args.out, dpi=args.dpi)
+    print(f"wrote {path}")
+    return 0
+
+
+def run_confusion(args: argparse.Namespace) -> int:
+    from aiayn.visualise.plots import plot_confusion
+
+    path = plot_confusion(args.report, args.out, title=args.title, dpi=args.dpi)
     print(f"wrote {path}")
     return 0

@@ -16,14 +16,20 @@ BUNDLED_DATA = Path(__file__).resolve().parents[3] / "data" / "debian_sections_t
 # Training defaults for classification (the shared defaults are the paper's translation settings):
 # AdamW with warm-up + cosine decay and clipping, as BERT fine-tuning does; the run keeps the
 # checkpoint with the best validation macro-F1.
-DEFAULTS = dict(preset="encoder-small", steps=240, optimizer="adamw", betas=(0.9, 0.999),
-                adam_eps=1e-8, weight_decay=0.01, schedule="warmup_cosine", warmup=24, lr=2e-3,
-                min_lr=1e-5, clip_norm=1.0, eval_every=80, save_every=80, keep_last=2,
+DEFAULTS = dict(preset="encoder-small", optimizer="adamw", betas=(0.9, 0.999), adam_eps=1e-8,
+                weight_decay=0.01, schedule="warmup_cosine", clip_norm=1.0, keep_last=2,
                 best_metric="macro_f1", best_mode="max")
+# The settings that differ between training from scratch and fine-tuning (--init), each applied
+# where the command line leaves it unset. FINE_TUNING was chosen on the validation split of the
+# bundled data for all-MiniLM-L6-v2 within 10 minutes of CPU training (docs/classification.md).
+FROM_SCRATCH = dict(steps=240, warmup=24, lr=2e-3, min_lr=1e-5, eval_every=80, save_every=80,
+                    max_tokens=48, pooling="mean", train_layers="all")
+FINE_TUNING = dict(steps=420, warmup=30, lr=5e-4, min_lr=0.0, eval_every=210, save_every=210,
+                   max_tokens=48, pooling="mean", train_layers=2)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(**DEFAULTS)
+    parser.set_defaults(**DEFAULTS, **dict.fromkeys(FROM_SCRATCH))
     group = parser.add_argument_group("classification data")
     group.add_argument("--data", default=None, metavar="TSV",
                        help="labelled TSV: text<TAB>label rows, optional header (text, label, "
@@ -37,17 +43,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--vocab-size", type=int, default=8000,
                        help="WordPiece vocabulary trained on the training texts (not with --init)")
     group.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
-    group.add_argument("--max-tokens", type=int, default=48,
+    group.add_argument("--max-tokens", type=int, default=None,
                        help="ids per text at most, [CLS] and [SEP] included (longer texts are cut)")
     group.add_argument("--batch-size", type=int, default=32, help="texts per batch")
     group = parser.add_argument_group("model")
-    group.add_argument("--pooling", choices=("first", "mean"), default="mean",
+    group.add_argument("--pooling", choices=("first", "mean"), default=None,
                        help="classify the first ([CLS]) hidden state or the mean of all")
     group.add_argument("--init", default=None, metavar="DIR",
                        help="start from a pretrained encoder: an aiayn 'mlm' run directory or a "
                             "Hugging Face BERT directory (its tokenizer comes along; the preset "
                             "is ignored, --set still applies)")
     group.add_argument("--label-smoothing", type=float, default=0.0)
+    group.add_argument("--train-layers", type=_layer_count, default=None, metavar="K",
+                       help="train only the top K encoder layers and the head (the embeddings and "
+                            "the layers below stay as initialised; cheaper steps), or 'all'")
+    _describe_recipes(parser)
+
+
+def _describe_recipes(parser: argparse.ArgumentParser) -> None:
+    """Say both defaults in the help of each option the two recipes set."""
+    for action in parser._actions:
+        if action.dest in FROM_SCRATCH:
+            scratch, tuned = FROM_SCRATCH[action.dest], FINE_TUNING[action.dest]
+            action.help = (f"{action.help or ''} (default: {scratch} from scratch, {tuned} with "
+                           f"--init)").replace("%", "%%").lstrip(" ")
+
+
+def _layer_count(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a count >= 0 or 'all', got {text!r}")
+    return value
+
+
+def apply_recipe(args: argparse.Namespace) -> None:
+    """Fill each recipe setting the command line left unset: FINE_TUNING with --init, else
+    FROM_SCRATCH."""
+    recipe = FINE_TUNING if args.init else FROM_SCRATCH
+    for name, value in recipe.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
 
 
 def resolve_data(path: str | None) -> Path:
@@ -84,6 +124,7 @@ def make_task(args: argparse.Namespace):
     from aiayn.tasks.pretrained import load_pretrained_encoder
     from aiayn.training.checkpoint import sha256_file
 
+    apply_recipe(args)
     path = resolve_data(args.data)
     _, parts, split = load_splits(path, valid_fraction=args.valid_fraction,
                                   test_fraction=args.test_fraction, seed=args.split_seed)
@@ -119,7 +160,8 @@ def make_task(args: argparse.Namespace):
         train=parts["train"], valid=parts["valid"], labels=labels, tokenizer=tokenizer,
         max_tokens=args.max_tokens, batch_size=args.batch_size, seed=args.seed, device=device,
         label_smoothing=args.label_smoothing, split=split, pretrained=pretrained,
-        pooling=args.pooling, data_info=data_info)
+        pooling=args.pooling, data_info=data_info,
+        trainable_layers=None if args.train_layers == "all" else args.train_layers)
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
@@ -128,12 +170,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from aiayn.data.labelled_tsv import read_labelled_tsv
     from aiayn.tasks.classification import score
     from aiayn.training.checkpoint import atomic_write_bytes, atomic_write_json
-    from aiayn.training.run import load_run
+    from aiayn.tasks.checkpoints import load_model_dir
 
     if len(args.data) != 1:
         raise ValueError(f"classification evaluates one TSV file, got {len(args.data)} paths")
     path = Path(args.data[0])
-    run = load_run(args.run_dir, task="classification")
+    run = load_model_dir(args.run_dir, task="classification")
     assets = run.assets
     rows, which = _evaluation_rows(read_labelled_tsv(path), assets.split, args.split)
     if args.limit:
@@ -144,13 +186,14 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     report, probabilities = score(run.model, assets, rows, device=args.device,
                                   tokens_per_batch=max(args.max_tokens, assets.max_tokens) * 8)
     print(report.confusion_table(), file=sys.stderr)
-    directory = Path(args.run_dir) / "evaluation"
-    directory.mkdir(exist_ok=True)
-    stem = f"{path.name.split('.')[0]}.{args.split}"
-    atomic_write_bytes(directory / f"{stem}.confusion.tsv", report.confusion_tsv().encode())
-    atomic_write_json(directory / f"{stem}.json", {"data": str(path), "rows": which,
-                                                   **report.to_dict()})
-    print(f"saved {directory / (stem + '.confusion.tsv')} and {stem}.json", file=sys.stderr)
+    if (Path(args.run_dir) / "run.json").is_file():  # not into a checkpoint directory
+        directory = Path(args.run_dir) / "evaluation"
+        directory.mkdir(exist_ok=True)
+        stem = f"{path.name.split('.')[0]}.{args.split}"
+        atomic_write_bytes(directory / f"{stem}.confusion.tsv", report.confusion_tsv().encode())
+        atomic_write_json(directory / f"{stem}.json", {"data": str(path), "rows": which,
+                                                       **report.to_dict()})
+        print(f"saved {directory / (stem + '.confusion.tsv')} and {stem}.json", file=sys.stderr)
     if args.output:
         lines = [f"{assets.labels.name(int(i))}\t{float(p):.6f}"
                  for p, i in zip(*probabilities.max(-1))]

@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--batches-per-epoch", type=int, default=None,
                        help="random-offset batches per epoch (default: one pass over the text)")
     group.add_argument("--eval-batch-size", type=int, default=64, help="blocks per eval batch")
+    group.add_argument("--init", default=None, metavar="DIR",
+                       help="fine-tune a pretrained model: an aiayn lm run or a Hugging Face GPT-2 "
+                            "checkpoint directory (its tokenizer is kept; --preset is ignored, "
+                            "--set applies; the context is the checkpoint's unless --block-size)")
     # nanoGPT's shakespeare_char recipe with the CPU overrides of its README ("baby GPT").
     parser.set_defaults(preset="char-gpt", optimizer="adamw", betas=(0.9, 0.99), adam_eps=1e-8,
                         weight_decay=0.1, decay_matrices_only=True, schedule="warmup_cosine",
@@ -52,13 +56,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def make_task(args: argparse.Namespace):
     if args.lr is None:
         args.lr = PEAK_LR.get(args.preset, DEFAULT_LR)
+    from aiayn.commands.train import parse_overrides
     from aiayn.tasks.lm import LanguageModelTask
+    from aiayn.tasks.pretrained import load_pretrained_model
 
+    pretrained = None
+    if args.init:
+        pretrained = load_pretrained_model(args.init, "lm")
+        pretrained.config = pretrained.config.replace(**parse_overrides(args.set))
     return LanguageModelTask(args.data, batch_size=args.batch_size, block_size=args.block_size,
                              valid_fraction=args.valid_fraction,
                              batches_per_epoch=args.batches_per_epoch,
                              eval_batch_size=args.eval_batch_size, seed=args.seed,
-                             device=args.device)
+                             device=args.device, pretrained=pretrained)
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
@@ -66,11 +76,11 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     ``--split valid`` / ``--split train``: its last 10% / first 90%, as in training)."""
     import torch
 
-    from aiayn.data.text import read_text, split_text
+    from aiayn.data.text import CharVocabulary, read_text, split_text
     from aiayn.tasks.lm import evaluate_ids
-    from aiayn.training.run import load_run
+    from aiayn.tasks.checkpoints import load_model_dir
 
-    run = load_run(args.run_dir, task="lm")
+    run = load_model_dir(args.run_dir, task="lm")
     path = Path(args.data[0])
     text = read_text(path)
     if args.split in ("train", "valid"):
@@ -82,5 +92,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     model = run.model.to(device)
     metrics = evaluate_ids(model, ids, block_size=run.model_config.max_length, device=device)
+    if not isinstance(run.assets, CharVocabulary):  # subword tokens: bits per token, not per char
+        metrics["bits_per_token"] = metrics.pop("bpc")
     split = args.split if args.split in ("train", "valid") else "all"
     return {"task": "lm", "data": str(path), "split": split, **metrics}

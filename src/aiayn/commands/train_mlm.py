@@ -2,6 +2,8 @@
 
 ``aiayn train mlm --data TEXT --out RUN_DIR``: one text per line (a TSV with a ``text`` header column
 also works). The run can then start a classifier: ``aiayn train classification --init RUN_DIR``.
+With ``--exclude-held-out`` on a labelled TSV, only the rows ``aiayn train classification`` trains on
+are read (the same stratified split), so domain pretraining never sees a validation or test text.
 ``aiayn evaluate RUN_DIR --data TEXT`` reports masked-token loss, perplexity and accuracy.
 """
 
@@ -34,6 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--batch-size", type=int, default=32, help="texts per batch")
     group.add_argument("--mask-probability", type=float, default=0.15,
                        help="share of tokens chosen as targets (BERT: 0.15)")
+    group.add_argument("--exclude-held-out", action="store_true",
+                       help="--data is a labelled TSV: pretrain only on the training rows of the "
+                            "split 'aiayn train classification' makes of it (its split column, or "
+                            "the stratified split of --held-out-fractions and --split-seed)")
+    group.add_argument("--held-out-fractions", type=float, nargs=2, default=(0.1, 0.1),
+                       metavar=("VALID", "TEST"),
+                       help="with --exclude-held-out: the classifier's valid and test fractions")
+    group.add_argument("--split-seed", type=int, default=0,
+                       help="with --exclude-held-out: the classifier's split seed")
 
 
 def make_task(args: argparse.Namespace):
@@ -47,7 +58,15 @@ def make_task(args: argparse.Namespace):
 
     if not 0.0 < args.valid_fraction < 1.0:
         raise ValueError(f"--valid-fraction must be in (0, 1), got {args.valid_fraction}")
-    texts = read_texts(args.data)
+    if args.exclude_held_out:
+        from aiayn.commands.train_classification import load_splits
+
+        valid_fraction, test_fraction = args.held_out_fractions
+        _, parts, _ = load_splits(Path(args.data), valid_fraction=valid_fraction,
+                                  test_fraction=test_fraction, seed=args.split_seed)
+        texts = list(parts["train"].texts)
+    else:
+        texts = read_texts(args.data)
     if len(texts) < 2:
         raise ValueError(f"{args.data}: masked LM needs at least 2 texts (train and valid), got "
                          f"{len(texts)}")
@@ -70,7 +89,10 @@ def make_task(args: argparse.Namespace):
         device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
         rule=MaskingRule(probability=args.mask_probability),
         data_info={"data": str(args.data), "data_sha256": sha256_file(args.data),
-                   "texts": {"train": len(train), "valid": len(valid)}})
+                   "texts": {"train": len(train), "valid": len(valid)},
+                   "held_out_excluded": {"fractions": list(args.held_out_fractions),
+                                         "seed": args.split_seed}
+                   if args.exclude_held_out else None})
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
@@ -80,11 +102,11 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
     from aiayn.data.text_corpus import read_texts
     from aiayn.tasks.masked_lm import MaskedLMTask
-    from aiayn.training.run import load_run
+    from aiayn.tasks.checkpoints import load_model_dir
 
     if len(args.data) != 1:
         raise ValueError(f"mlm evaluates one text file, got {len(args.data)} paths")
-    run = load_run(args.run_dir, task="mlm")
+    run = load_model_dir(args.run_dir, task="mlm")
     texts = list(read_texts(args.data[0]))
     if args.limit:
         texts = texts[:args.limit]

@@ -28,6 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--label-smoothing", type=float, default=0.1, help="paper 5.4: 0.1")
     group.add_argument("--valid-bleu-sentences", type=int, default=200,
                        help="validation sentences decoded (greedy) for BLEU at each evaluation")
+    group.add_argument("--init", default=None, metavar="DIR",
+                       help="fine-tune a pretrained model: an aiayn translation run or a Hugging "
+                            "Face Marian / BART checkpoint directory (its tokenizer and vocabulary "
+                            "are kept; --preset and --vocab-size are ignored, --set applies)")
     # The default preset trains in minutes on a laptop CPU; see docs/translation.md.
     parser.set_defaults(preset=DEFAULT_PRESET, steps=3000, warmup=400, lr_factor=0.5,
                         clip_norm=1.0, eval_every=500, save_every=500, best_metric="bleu",
@@ -35,13 +39,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def make_task(args: argparse.Namespace):
+    from aiayn.commands.train import parse_overrides
+    from aiayn.tasks.pretrained import load_pretrained_model
     from aiayn.tasks.translation import TranslationTask
 
+    pretrained = None
+    if args.init:
+        pretrained = load_pretrained_model(args.init, "translation")
+        pretrained.config = pretrained.config.replace(**parse_overrides(args.set))
     return TranslationTask(args.data, run_dir=args.out, vocab_size=args.vocab_size,
                            max_tokens=args.max_tokens, max_length=args.max_length,
                            max_ratio=args.max_ratio, label_smoothing=args.label_smoothing,
                            valid_bleu_sentences=args.valid_bleu_sentences, seed=args.seed,
-                           device=args.device)
+                           device=args.device, pretrained=pretrained)
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
@@ -52,9 +62,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from aiayn.commands.engine import engine
     from aiayn.data.parallel import read_pairs, select_split
     from aiayn.tasks.translate import score_translations, translate_texts
-    from aiayn.training import load_run
+    from aiayn.tasks.checkpoints import load_model_dir
 
-    run = load_run(args.run_dir, task="translation")
+    run = load_model_dir(args.run_dir, task="translation")
     pairs = read_pairs(args.data)
     has_split = any(pair.split is not None for pair in pairs)
     if has_split:

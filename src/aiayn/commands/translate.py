@@ -1,4 +1,5 @@
-"""``aiayn translate RUN_DIR``: translate stdin to stdout, one sentence a line."""
+"""``aiayn translate RUN_DIR``: translate stdin to stdout, one sentence a line; RUN_DIR is a run of
+``aiayn train translation`` or a Hugging Face Marian / BART checkpoint directory."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Read sentences from stdin (one a line) and write their translations to "
                     "stdout in the same order, with beam search (paper 6.1: beam 4, alpha 0.6).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by "
-                                                           "'aiayn train translation'")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ('aiayn train "
+                        "translation') or a Hugging Face Marian / BART checkpoint directory")
     parser.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty exponent")
     parser.add_argument("--max-tokens", type=positive_int, default=4000,
@@ -33,11 +34,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.data.text_files import decode_lines
-    from aiayn.training import load_run
+    from aiayn.tasks.checkpoints import load_model_dir
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    run_ = load_run(args.run_dir, task="translation")
+    run_ = load_model_dir(args.run_dir, task="translation")
     inference = engine.engine(run_.model.to(args.device), args)
     lines: list[str] = []
     try:

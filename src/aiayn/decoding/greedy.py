@@ -39,9 +39,10 @@ def cross_attention_mask(source_mask: Tensor) -> Tensor | None:
 
 
 def blocked_tokens(model: nn.Module) -> list[int]:
-    """Ids that are never generated: padding and the start symbol."""
+    """Ids that are never generated: padding and the start symbol, unless that is ``</s>`` (BART's
+    decoder starts from ``</s>``, which must still end a hypothesis)."""
     config = model.config
-    return sorted({config.pad_id, config.decoder_start_id})
+    return sorted({config.pad_id, config.decoder_start_id} - {config.eos_id})
 
 
 DecoderStep = Callable[[nn.Module, Tensor, "Tensor | None", DecoderCache], Tensor]

@@ -59,6 +59,20 @@ def _architecture(config: dict[str, Any], family, directory: Path) -> str:
     return names[0]
 
 
+def checkpoint_task(path: str | Path) -> str:
+    """The aiayn model task of an HF checkpoint directory (one of ``TASKS``), from its config.json
+    alone: what ``from_pretrained(path)`` builds. Commands use it to pick what to do with a
+    directory, so every family in ``FAMILIES`` (and any added later) is served the same way.
+
+    Raises:
+        FileNotFoundError / ValueError: as ``from_pretrained`` for the directory and config.json.
+    """
+    directory = Path(path)
+    config = read_config(directory)
+    family = _family(config, directory)
+    return family.ARCHITECTURES[_architecture(config, family, directory)]
+
+
 def from_pretrained(path: str | Path, *, task: str | None = None,
                     dtype: torch.dtype | None = None, **overrides: Any) -> nn.Module:
     """Load an HF-format checkpoint directory into the matching aiayn model, in eval mode.

@@ -2,8 +2,11 @@
 
 ``tokenizer.json`` (any model: BERT WordPiece, GPT-2 byte-level BPE, ...) is loaded as is; a BERT
 directory with only ``vocab.txt`` gets the standard BERT WordPiece pipeline (lower-casing from
-``tokenizer_config.json``'s ``do_lower_case``). Padding and truncation stored in ``tokenizer.json``
-(all-MiniLM-L6-v2 pads every text to 128) are switched off: aiayn builds its own padding masks.
+``tokenizer_config.json``'s ``do_lower_case``); a Marian directory (``source.spm``, ``target.spm``,
+``vocab.json``) gets ``aiayn.interop.hf_marian_tokenizer``. Padding and truncation stored in
+``tokenizer.json`` (all-MiniLM-L6-v2 pads every text to 128) are switched off: aiayn builds its own
+padding masks. Decoding skips special tokens and, where ``tokenizer_config.json`` asks for it
+(``clean_up_tokenization_spaces``), removes the spaces before punctuation as ``transformers`` does.
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+# Every file a tokenizer may be made of; ``copy_tokenizer_files`` carries them into a run directory.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "vocab.json", "merges.txt", "source.spm", "target.spm", "target_vocab.json")
 SPECIAL_TOKENS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token",
                   "eos_token")
 
@@ -34,8 +40,9 @@ class PretrainedTokenizer:
             ``special_tokens_map.json`` / ``tokenizer_config.json`` that the vocabulary holds.
     """
 
-    def __init__(self, tokenizer, special_tokens: dict[str, str]):
+    def __init__(self, tokenizer, special_tokens: dict[str, str], *, clean_up: bool = False):
         self._tokenizer = tokenizer
+        self.clean_up = clean_up
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
         self.special_ids = {name: tokenizer.token_to_id(token) for name, token in special_tokens.items()
@@ -63,12 +70,47 @@ class PretrainedTokenizer:
     def tokens(self, text: str, *, add_special_tokens: bool = True) -> list[str]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).tokens
 
+    def id_to_token(self, index: int) -> str:
+        return self._tokenizer.id_to_token(int(index)) or f"<{index}>"
+
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
-        return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        text = self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return clean_up_tokenization(text) if self.clean_up else text
 
 
-def load_tokenizer(path: str | Path) -> PretrainedTokenizer:
-    """The tokenizer of an HF checkpoint directory: ``tokenizer.json``, else BERT's ``vocab.txt``.
+def clean_up_tokenization(text: str) -> str:
+    """``transformers``' ``clean_up_tokenization``: no space before punctuation and contractions."""
+    for old, new in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
+                     (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"),
+                     (" 're", "'re")):
+        text = text.replace(old, new)
+    return text
+
+
+def has_tokenizer(path: str | Path) -> bool:
+    """Whether ``path`` holds tokenizer files ``load_tokenizer`` reads."""
+    directory = Path(path)
+    return any((directory / name).is_file()
+               for name in ("tokenizer.json", "vocab.txt", "source.spm"))
+
+
+def copy_tokenizer_files(source: str | Path, destination: str | Path) -> list[str]:
+    """Copy a checkpoint's tokenizer files into ``destination`` (created); returns their names."""
+    import shutil
+
+    source, destination = Path(source), Path(destination)
+    destination.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, destination / name)
+            copied.append(name)
+    return copied
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer of an HF checkpoint directory: ``tokenizer.json``, else BERT's ``vocab.txt``,
+    else Marian's ``source.spm`` / ``target.spm`` / ``vocab.json`` (a ``MarianTokenizer``).
 
     Raises:
         FileNotFoundError: the directory has neither file.
@@ -99,7 +141,12 @@ def load_tokenizer(path: str | Path) -> PretrainedTokenizer:
         for name, default in (("pad_token", "[PAD]"), ("unk_token", "[UNK]"), ("cls_token", "[CLS]"),
                               ("sep_token", "[SEP]"), ("mask_token", "[MASK]")):
             specials.setdefault(name, default)
+    elif (directory / "source.spm").is_file():
+        from aiayn.interop.hf_marian_tokenizer import MarianTokenizer
+
+        return MarianTokenizer(directory)
     else:
-        raise FileNotFoundError(f"{directory}: no tokenizer found (looked for tokenizer.json and "
-                                f"vocab.txt)")
-    return PretrainedTokenizer(tokenizer, specials)
+        raise FileNotFoundError(f"{directory}: no tokenizer found (looked for tokenizer.json, "
+                                f"vocab.txt and Marian's source.spm)")
+    return PretrainedTokenizer(tokenizer, specials,
+                               clean_up=bool(settings.get("clean_up_tokenization_spaces", False)))

@@ -76,6 +76,9 @@ class ClassificationTask:
         split: stored with the assets (see ``ClassificationAssets``).
         pretrained: an encoder to start from (its config replaces the preset's architecture).
         pooling: "first" or "mean" (overrides the config's).
+        trainable_layers: train only the top this many encoder layers and the head; the embeddings
+            and the layers below keep their (pretrained) weights, and the backward pass stops
+            above them (None: train everything).
         data_info: described in run.json (data file, row counts).
     """
 
@@ -85,7 +88,8 @@ class ClassificationTask:
                  tokenizer: WordPieceTokenizer, max_tokens: int = 128, batch_size: int = 32,
                  seed: int = 0, device: str | torch.device = "cpu", label_smoothing: float = 0.0,
                  split: dict[str, Any] | None = None, pretrained: PretrainedEncoder | None = None,
-                 pooling: str = "mean", data_info: dict[str, Any] | None = None):
+                 pooling: str = "mean", data_info: dict[str, Any] | None = None,
+                 trainable_layers: int | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if not 0.0 <= label_smoothing < 1.0:
@@ -98,6 +102,9 @@ class ClassificationTask:
         self.device = torch.device(device)
         self.label_smoothing = label_smoothing
         self.split, self.pretrained, self.pooling = split, pretrained, pooling
+        if trainable_layers is not None and trainable_layers < 0:
+            raise ValueError(f"trainable_layers must be >= 0, got {trainable_layers}")
+        self.trainable_layers = trainable_layers
         self.data_info = data_info or {}
         self.train_ids = tokenizer.encode(train.texts, max_length=max_tokens)
         self.train_targets = encode_labels(labels, train)
@@ -124,6 +131,14 @@ class ClassificationTask:
         model = SequenceClassifier(model_config)
         if self.pretrained is not None:
             model.encoder.load_state_dict(self.pretrained.weights)
+        if self.trainable_layers is not None:
+            stack = model.encoder.encoder
+            if self.trainable_layers > len(stack.layers):
+                raise ValueError(f"cannot train the top {self.trainable_layers} layers of an "
+                                 f"encoder of {len(stack.layers)}")
+            for module in [stack.embeddings, *stack.layers[:len(stack.layers) -
+                                                            self.trainable_layers]]:
+                module.requires_grad_(False)
         return model
 
     # --- training -------------------------------------------------------------------------------

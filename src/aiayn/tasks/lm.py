@@ -13,6 +13,7 @@ Legend: B batch, T block length (context), V vocabulary.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,6 +26,8 @@ from aiayn.config import TransformerConfig
 from aiayn.data.text import (CharVocabulary, check_length, contiguous_blocks, random_blocks,
                              read_text, split_text)
 from aiayn.models import CausalLM
+from aiayn.tasks.checkpoints import TextTokenizer, load_pretrained_tokenizer, save_pretrained_tokenizer
+from aiayn.tasks.pretrained import PretrainedModel
 from aiayn.training.chunked_loss import chunks_loss, projected_loss
 
 
@@ -81,6 +84,8 @@ class LanguageModelTask:
         eval_batch_size: blocks per validation forward pass.
         seed: seeds the batch sampler.
         device: where batches go (None: cuda if available, else cpu).
+        pretrained: a model to fine-tune (``--init``): its architecture, weights and tokenizer
+            replace the preset and the character vocabulary.
 
     Raises:
         FileNotFoundError / IsADirectoryError / ValueError: unreadable or empty text, and (once the
@@ -91,7 +96,8 @@ class LanguageModelTask:
 
     def __init__(self, data: str | Path, *, batch_size: int = 12, block_size: int | None = None,
                  valid_fraction: float = 0.1, batches_per_epoch: int | None = None,
-                 eval_batch_size: int = 64, seed: int = 0, device: str | None = None):
+                 eval_batch_size: int = 64, seed: int = 0, device: str | None = None,
+                 pretrained: PretrainedModel | None = None):
         for field, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field} must be a positive integer, got {value!r}")
@@ -99,10 +105,14 @@ class LanguageModelTask:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         self.path = Path(data)
         text = read_text(self.path)
-        self.vocabulary = CharVocabulary.from_text(text)
+        self.pretrained = pretrained
+        self.vocabulary = pretrained.tokenizer if pretrained else CharVocabulary.from_text(text)
         train_text, valid_text = split_text(text, valid_fraction)
-        self.train_ids = torch.tensor(self.vocabulary.encode(train_text), dtype=torch.long)
-        self.valid_ids = torch.tensor(self.vocabulary.encode(valid_text), dtype=torch.long)
+        where = str(self.path)
+        self.train_ids = torch.tensor(self.vocabulary.encode(train_text, source=where),
+                                      dtype=torch.long)
+        self.valid_ids = torch.tensor(self.vocabulary.encode(valid_text, source=where),
+                                      dtype=torch.long)
         self.batch_size, self.block_size = batch_size, block_size
         self.batches_per_epoch = batches_per_epoch
         self.eval_batch_size, self.seed = eval_batch_size, seed
@@ -110,17 +120,27 @@ class LanguageModelTask:
 
     def model_config(self, base: TransformerConfig) -> TransformerConfig:
         """The preset with this text's vocabulary; the context is ``block_size`` (or the preset's)."""
+        if self.pretrained is not None:  # the checkpoint's architecture (--set still applies)
+            base = self.pretrained.config
+            if self.block_size is not None and self.block_size > base.max_length:
+                raise ValueError(f"--block-size {self.block_size} exceeds the pretrained model's "
+                                 f"context of {base.max_length} positions")
         block = self.block_size or base.max_length
         self.block_size = block
         check_length(self.train_ids, block, f"training part of {self.path}")
         check_length(self.valid_ids, block, f"validation part of {self.path}")
+        if self.pretrained is not None:
+            return base
         # Characters have no special tokens; id 0 only fills pad columns that are never attended.
         return base.replace(vocab_size=len(self.vocabulary), src_vocab_size=len(self.vocabulary),
                             max_length=block, pad_id=0, bos_id=0, eos_id=0, decoder_start_id=0,
                             n_encoder_layers=0)
 
     def build_model(self, model_config: TransformerConfig) -> nn.Module:
-        return CausalLM(model_config)
+        model = CausalLM(model_config)
+        if self.pretrained is not None:
+            model.load_state_dict(self.pretrained.weights)
+        return model
 
     def train_batches(self, epoch: int) -> Iterator[tuple[Tensor, Tensor]]:
         if self.block_size is None:
@@ -146,10 +166,18 @@ class LanguageModelTask:
                             batch_size=self.eval_batch_size, device=self.device)
 
     def save_assets(self, run_dir: Path) -> dict[str, Any]:
+        if isinstance(self.vocabulary, TextTokenizer):  # a checkpoint's: its files, as they are
+            return {**save_pretrained_tokenizer(self.vocabulary, run_dir), "kind": "pretrained",
+                    "size": len(self.vocabulary), "data": str(self.path),
+                    "init": self.pretrained.source}
         self.vocabulary.save(run_dir)
         return {"vocabulary": CharVocabulary.FILE, "kind": "char", "size": len(self.vocabulary),
-                "data": str(self.path)}
+                "data": str(self.path),
+                "init": self.pretrained.source if self.pretrained else None}
 
     @classmethod
-    def load_assets(cls, run_dir: Path) -> CharVocabulary:
-        return CharVocabulary.load(run_dir)
+    def load_assets(cls, run_dir: Path) -> CharVocabulary | TextTokenizer:
+        info = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+        config = TransformerConfig.from_dict(info["model_config"])
+        return (load_pretrained_tokenizer(run_dir, info.get("assets") or {}, config)
+                or CharVocabulary.load(run_dir))

@@ -81,3 +81,32 @@ def _from_hugging_face(path: Path) -> PretrainedEncoder:
     return PretrainedEncoder(config=encoder.config, weights=encoder.state_dict(),
                              tokenizer=WordPieceTokenizer.from_pretrained_dir(path),
                              source=f"hugging face {path}")
+
+
+@dataclass
+class PretrainedModel:
+    """A whole model to fine-tune (translation, language modelling): its config, the state of the
+    aiayn model it loads into, and its tokenizer (kept: the ids must be the pretrained ones)."""
+
+    config: TransformerConfig
+    weights: dict[str, Tensor]
+    tokenizer: object
+    source: str
+
+
+def load_pretrained_model(path: str | Path, task: str) -> PretrainedModel:
+    """``--init DIR`` of ``aiayn train translation`` / ``lm``: an aiayn run of ``task`` or a Hugging
+    Face checkpoint of that task (``aiayn.tasks.checkpoints.load_model_dir``).
+
+    Raises:
+        FileNotFoundError / ValueError: as ``load_model_dir``, prefixed with ``--init``.
+    """
+    from aiayn.tasks.checkpoints import load_model_dir
+
+    try:
+        run = load_model_dir(path, task=task)
+    except (FileNotFoundError, ValueError) as error:
+        raise type(error)(f"--init: {error}") from None
+    kind = "aiayn run" if (Path(path) / "run.json").is_file() else "hugging face"
+    return PretrainedModel(config=run.model_config, weights=run.model.state_dict(),
+                           tokenizer=run.assets, source=f"{kind} {path}")

@@ -9,6 +9,7 @@ Legend: B batch, S source length, T target length, V vocabulary.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,16 @@ from aiayn.data.batching import TranslationBatch, collate, token_batches
 from aiayn.data.parallel import SentencePair, read_pairs, split_pairs
 from aiayn.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer)
 from aiayn.models import Transformer
+from aiayn.tasks.checkpoints import (Seq2SeqTokenizer, load_pretrained_tokenizer,
+                                     save_pretrained_tokenizer)
+from aiayn.tasks.pretrained import PretrainedModel
 from aiayn.training.chunked_loss import projected_loss
 from aiayn.training.loss import label_smoothed_cross_entropy
 
 
 def translation_loss(model: nn.Module, source: torch.Tensor, decoder_input: torch.Tensor,
-                     targets: torch.Tensor, *, smoothing: float = 0.0) -> torch.Tensor:
+                     targets: torch.Tensor, *, smoothing: float = 0.0, pad_id: int = PAD_ID
+                     ) -> torch.Tensor:
     """The SUM of the label-smoothed cross-entropy of ``model`` over the non-pad ``targets`` (B, T)
     of right-padded ``source`` (B, S) and ``decoder_input`` (B, T): the training loss of the task.
 
@@ -35,15 +40,15 @@ def translation_loss(model: nn.Module, source: torch.Tensor, decoder_input: torc
     scores its hidden states through ``projected_loss`` (chunked on the CPU); any other module (a
     DDP or compiled wrapper runs its own forward) through its logits.
     """
-    source_mask = source != PAD_ID  # (B, S)
+    source_mask = source != pad_id  # (B, S)
     if isinstance(model, Transformer):
         memory = model.encode(source, source_mask)  # (B, S, D)
         hidden = model.decoder(decoder_input, memory, memory_padding_mask=source_mask)[0]  # (B, T, D)
         return projected_loss(hidden, model.generator, targets, smoothing=smoothing,
-                              ignore_index=PAD_ID)
+                              ignore_index=pad_id)
     logits = model(source, decoder_input, src_padding_mask=source_mask)  # (B, T, V)
     return label_smoothed_cross_entropy(logits.flatten(0, 1), targets.flatten(),
-                                        smoothing=smoothing, ignore_index=PAD_ID)
+                                        smoothing=smoothing, ignore_index=pad_id)
 
 
 class TranslationTask:
@@ -59,6 +64,8 @@ class TranslationTask:
         label_smoothing: eps_ls (paper 5.4: 0.1).
         valid_bleu_sentences: validation sentences decoded for BLEU at each evaluation (0: none).
         seed: shuffling seed; device: where batches go.
+        pretrained: a model to fine-tune (``--init``): its architecture, weights and tokenizer
+            replace the preset and the BPE vocabulary learned here.
     """
 
     name = "translation"
@@ -67,7 +74,8 @@ class TranslationTask:
                  vocab_size: int = 8000, max_tokens: int = 4096, max_length: int = 128,
                  max_ratio: float = 3.0, label_smoothing: float = 0.1,
                  valid_bleu_sentences: int = 200, valid_fraction: float = 0.02,
-                 test_fraction: float = 0.02, seed: int = 0, device: str | None = None):
+                 test_fraction: float = 0.02, seed: int = 0, device: str | None = None,
+                 pretrained: PretrainedModel | None = None):
         if max_tokens <= 0 or max_length <= 0:
             raise ValueError("max_tokens and max_length must be positive")
         splits = split_pairs(read_pairs(list(data)), valid_fraction=valid_fraction,
@@ -77,7 +85,15 @@ class TranslationTask:
         self.max_tokens, self.label_smoothing, self.seed = max_tokens, label_smoothing, seed
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         saved = Path(run_dir) / TOKENIZER_FILE if run_dir is not None else None
-        if saved is not None and saved.is_file():
+        self.pretrained = pretrained
+        self.pad_id, self.start_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
+        if pretrained is not None:
+            config = pretrained.config
+            self.tokenizer = pretrained.tokenizer
+            self.pad_id, self.eos_id = config.pad_id, config.eos_id
+            self.start_id = config.decoder_start_id
+            max_length = min(max_length, config.max_length - 1)  # room for </s> in the table
+        elif saved is not None and saved.is_file():
             self.tokenizer = SubwordTokenizer.load(saved)
         else:
             texts = [p.source for p in splits["train"]] + [p.target for p in splits["train"]]
@@ -96,7 +112,8 @@ class TranslationTask:
     def _encode(self, pairs: list[SentencePair], max_length: int | None, max_ratio: float | None
                 ) -> tuple[list[list[int]], list[list[int]]]:
         sources = self.tokenizer.encode([p.source for p in pairs])
-        targets = self.tokenizer.encode([p.target for p in pairs])
+        targets = getattr(self.tokenizer, "encode_targets", self.tokenizer.encode)(
+            [p.target for p in pairs])
         kept_source, kept_target = [], []
         for source, target in zip(sources, targets):
             if not source or not target:
@@ -112,13 +129,18 @@ class TranslationTask:
 
     # --- Task protocol ----------------------------------------------------------------------------
     def model_config(self, base: TransformerConfig) -> TransformerConfig:
+        if self.pretrained is not None:  # the checkpoint's architecture (--set still applies)
+            return self.pretrained.config
         longest = max(max(map(len, self.train_source)), max(map(len, self.train_target)))
         return base.replace(vocab_size=self.tokenizer.vocab_size, src_vocab_size=None,
                             pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, decoder_start_id=None,
                             max_length=max(base.max_length, longest + 52))
 
     def build_model(self, model_config: TransformerConfig) -> nn.Module:
-        return Transformer(model_config)
+        model = Transformer(model_config)
+        if self.pretrained is not None:
+            model.load_state_dict(self.pretrained.weights)
+        return model
 
     def _batches(self, sources, targets, *, shuffle: bool, seed: int
                  ) -> Iterator[TranslationBatch]:
@@ -127,7 +149,8 @@ class TranslationTask:
         for indices in token_batches(lengths_source, lengths_target, max_tokens=self.max_tokens,
                                      shuffle=shuffle, seed=seed):
             yield collate([sources[i] for i in indices], [targets[i] for i in indices], indices,
-                          pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID).to(self.device)
+                          pad_id=self.pad_id, bos_id=self.start_id,
+                          eos_id=self.eos_id).to(self.device)
 
     def train_batches(self, epoch: int) -> Iterator[TranslationBatch]:
         return self._batches(self.train_source, self.train_target, shuffle=True,
@@ -144,7 +167,7 @@ class TranslationTask:
              ) -> torch.Tensor:
         smoothing = self.label_smoothing if smoothing is None else smoothing
         return translation_loss(model, batch.source, batch.decoder_input, batch.targets,
-                                smoothing=smoothing)
+                                smoothing=smoothing, pad_id=self.pad_id)
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         import math
@@ -166,11 +189,19 @@ class TranslationTask:
         return metrics
 
     def save_assets(self, run_dir: Path) -> dict[str, Any]:
-        self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
-        return {"tokenizer": TOKENIZER_FILE, "vocab_size": self.tokenizer.vocab_size,
+        if isinstance(self.tokenizer, Seq2SeqTokenizer):  # a checkpoint's: its files, as they are
+            saved = save_pretrained_tokenizer(self.tokenizer, run_dir)
+        else:
+            self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
+            saved = {"tokenizer": TOKENIZER_FILE}
+        return {**saved, "vocab_size": self.tokenizer.vocab_size,
                 "train_pairs": len(self.train_source), "filtered_pairs": self.filtered,
-                "valid_pairs": len(self.valid_pairs)}
+                "valid_pairs": len(self.valid_pairs),
+                "init": self.pretrained.source if self.pretrained else None}
 
     @classmethod
-    def load_assets(cls, run_dir: Path) -> SubwordTokenizer:
-        return SubwordTokenizer.load(Path(run_dir) / TOKENIZER_FILE)
+    def load_assets(cls, run_dir: Path) -> SubwordTokenizer | Seq2SeqTokenizer:
+        info = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+        config = TransformerConfig.from_dict(info["model_config"])
+        return (load_pretrained_tokenizer(run_dir, info.get("assets") or {}, config)
+                or SubwordTokenizer.load(Path(run_dir) / TOKENIZER_FILE))

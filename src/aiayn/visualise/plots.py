@@ -5,6 +5,7 @@
   depends only on p - q (why the paper chose sinusoids: relative offsets are linear functions).
 - ``plot_schedule``: the learning rate of eq. 3 over steps for several d_model / warmup pairs.
 - ``plot_run``: loss, perplexity, BLEU / accuracy and learning rate over steps from ``log.jsonl``.
+- ``plot_confusion``: the confusion matrix of a saved classification evaluation.
 
 matplotlib is imported inside the functions (Agg backend).
 Legend: P positions, D model width.
@@ -222,4 +223,44 @@ def plot_run(log_path: str | Path, path: str | Path, *, title: str | None = None
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     figure.suptitle(title or f"Training run: {Path(log_path).parent.name or log_path}")
+    return save_figure(figure, path, dpi=dpi)
+
+
+def plot_confusion(report_path: str | Path, path: str | Path, *, title: str | None = None,
+                   dpi: int = 110) -> Path:
+    """The confusion matrix saved by ``aiayn evaluate`` (``RUN/evaluation/<data>.<split>.json``):
+    each row (true label) coloured by the share of its rows predicted as each label, with the counts
+    written in the cells, so a small class's errors show as clearly as a large one's.
+
+    Raises:
+        FileNotFoundError / ValueError: no such file, or not a saved classification evaluation.
+    """
+    source = Path(report_path)
+    try:
+        report = json.loads(source.read_text(encoding="utf-8"))
+        labels, counts = list(report["labels"]), report["confusion"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise ValueError(f"{source}: not a saved classification evaluation ({error})") from None
+    import numpy as np
+
+    matrix = np.asarray(counts, dtype=float)  # (C, C): [true, predicted]
+    shares = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1.0)
+    plt = pyplot()
+    size = 2.0 + 0.42 * len(labels)
+    figure, axis = plt.subplots(figsize=(size + 1.2, size), layout="constrained")
+    image = axis.imshow(shares, cmap=COLOUR_MAP, vmin=0.0, vmax=1.0)
+    for (row, column), count in np.ndenumerate(matrix):
+        if count:
+            axis.text(column, row, str(int(count)), ha="center", va="center", fontsize=7,
+                      color="white" if shares[row, column] > 0.55 else "black")
+    axis.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
+    axis.set_yticks(range(len(labels)), labels, fontsize=8)
+    axis.set(xlabel="predicted", ylabel="true")
+    figure.colorbar(image, ax=axis, shrink=0.7, label="share of the true label's rows")
+    accuracy, macro_f1 = report.get("accuracy"), report.get("macro_f1")
+    scores = f" (accuracy {accuracy:.3f}, macro-F1 {macro_f1:.3f})" if accuracy is not None \
+        and macro_f1 is not None else ""
+    axis.set_title((title or f"Confusion matrix: {source.name}") + scores, fontsize=10)
     return save_figure(figure, path, dpi=dpi)

@@ -2,7 +2,7 @@
 
 Sources, in order: a run directory (``load_run``: model, config, the task's tokenizer assets), or a
 Hugging Face style directory (``config.json``) through ``aiayn.from_pretrained`` where this installation
-has it. A tokenizer file given explicitly (``tokenizer.json`` of Hugging Face ``tokenizers`` or a
+has it, with the checkpoint's own tokenizer (``aiayn.interop.hf_tokenizer.load_tokenizer``). A tokenizer file given explicitly (``tokenizer.json`` of Hugging Face ``tokenizers`` or a
 SentencePiece ``.model``) overrides the run's. Without any tokenizer the texts must be token ids.
 
 Legend: T target length, S source length.
@@ -225,10 +225,17 @@ def load_subject(path: str | Path, *, tokenizer_file: str | Path | None = None) 
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         model.eval()
         task = type(model).__name__
-        if (path / "tokenizer.json").is_file():
-            tokenizer = tokenizer_from_file(path / "tokenizer.json")
+        from aiayn.interop.hf_tokenizer import has_tokenizer, load_tokenizer
+
+        if has_tokenizer(path):  # tokenizer.json, vocab.txt or Marian's SentencePiece files
+            loaded_tokenizer = load_tokenizer(path)
+            tokenizer = Tokenizer(encode=loaded_tokenizer.encode,
+                                  labels=lambda ids: [loaded_tokenizer.id_to_token(i) for i in ids],
+                                  description=f"the checkpoint's tokenizer ({path})",
+                                  adds_specials=True)
         else:
-            missing.append(f"{path} has no tokenizer.json")
+            missing.append(f"{path} has no tokenizer files (tokenizer.json, vocab.txt, "
+                           f"source.spm)")
         source = f"model {path}"
     if tokenizer_file is not None:
         tokenizer = tokenizer_from_file(tokenizer_file)

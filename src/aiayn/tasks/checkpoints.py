@@ -1,0 +1,183 @@
+"""What a command's RUN_DIR may be: an aiayn run directory or a Hugging Face checkpoint directory.
+
+``load_model_dir`` returns a ``Run`` either way, so ``translate``, ``evaluate``, ``generate``,
+``classify``, ``attention`` and ``embed`` read both alike. A checkpoint's task comes from the family
+registry of ``aiayn.interop.hf`` (its config.json's ``architectures``), and its tokenizer files
+(``tokenizer.json``, BERT's ``vocab.txt`` or Marian's SentencePiece models) become the assets that
+task's commands expect: the adapters below give a checkpoint's tokenizer the interface of the
+tokenizers aiayn trains, with the ids the ``transformers`` tokenizer makes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aiayn.training.run import RUN_FILE, Run
+
+# aiayn.interop.hf model task -> the aiayn task whose commands serve it.
+HF_TASKS = {"seq2seq": "translation", "causal_lm": "lm", "classification": "classification",
+            "masked_lm": "mlm", "encoder": "encoder"}
+TOKENIZER_DIR = "pretrained_tokenizer"  # where a run started from a checkpoint keeps its files
+
+
+class Seq2SeqTokenizer:
+    """A checkpoint's tokenizer as the translation task uses one: ids without the final ``</s>``
+    (the batcher appends it) and texts decoded without special tokens."""
+
+    def __init__(self, tokenizer, directory: Path, *, eos_id: int):
+        self.tokenizer, self.directory, self.eos_id = tokenizer, Path(directory), eos_id
+        self.vocab_size = tokenizer.vocab_size
+
+    def _strip(self, ids: list[int]) -> list[int]:
+        return ids[:-1] if ids and ids[-1] == self.eos_id else ids
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self._strip(self.tokenizer.encode(text)) for text in texts]
+
+    def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target-side ids (Marian's target SentencePiece model; others: as ``encode``)."""
+        if hasattr(self.tokenizer, "models"):
+            return [self._strip(self.tokenizer.encode(text, target=True)) for text in texts]
+        return self.encode(texts)
+
+    def decode(self, rows: Sequence[Sequence[int]]) -> list[str]:
+        return [self.tokenizer.decode([int(i) for i in row]) for row in rows]
+
+
+class TextTokenizer:
+    """A checkpoint's tokenizer as the language-model task uses one: ``encode(text)`` with the
+    special tokens its ``transformers`` tokenizer adds by default (GPT-2: none), ``decode(ids)``."""
+
+    def __init__(self, tokenizer, directory: Path):
+        self.tokenizer, self.directory = tokenizer, Path(directory)
+
+    def __len__(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def encode(self, text: str, *, source: str = "text") -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+
+def directory_task(path: str | Path) -> str:
+    """The aiayn task of a run directory or a checkpoint directory ("encoder" for a bare BERT).
+
+    Raises:
+        FileNotFoundError: no such directory. ValueError: neither kind of directory, or a
+            checkpoint aiayn does not load.
+    """
+    from aiayn.interop.hf import checkpoint_task
+    from aiayn.training.run import read_run_info
+
+    path = Path(path)
+    if (path / RUN_FILE).is_file() or not (path / "config.json").is_file():
+        if path.is_dir() and not (path / RUN_FILE).is_file():
+            raise ValueError(f"{path} is not an aiayn run directory (no {RUN_FILE}) nor a Hugging "
+                             f"Face checkpoint directory (no config.json)")
+        return read_run_info(path)["task"]  # also: not found, not a directory, corrupt run.json
+    return HF_TASKS[checkpoint_task(path)]
+
+
+def load_model_dir(path: str | Path, *, task: str | None = None, model_task: str | None = None
+                   ) -> Run:
+    """A run directory (``load_run``) or a checkpoint directory (``from_pretrained``), as a ``Run``
+    with its task's assets, model on the CPU in eval mode.
+
+    Args:
+        task: the aiayn task the caller serves; a directory of another task is an error.
+        model_task: for a checkpoint, build this ``aiayn.interop.hf`` task instead of its own (e.g.
+            ``"encoder"`` to embed with a BERT checkpoint that has a head).
+
+    Raises:
+        FileNotFoundError / ValueError: as ``directory_task``, ``load_run`` and ``from_pretrained``;
+            a directory of another task; a checkpoint without the tokenizer files its task needs.
+    """
+    from aiayn.training.run import load_run
+
+    path = Path(path)
+    name = directory_task(path)
+    if (path / RUN_FILE).is_file():
+        return load_run(path, task=task)
+    if task is not None and name != task:
+        raise ValueError(f"{path} is a Hugging Face checkpoint for {name!r}, not {task!r} (its "
+                         f"config.json: architectures)")
+    from aiayn.interop.hf import from_pretrained
+
+    model = from_pretrained(path, task=model_task)
+    return Run(path=path, task=name, model_config=model.config, training_config={}, model=model,
+               assets=checkpoint_assets(path, name, model.config),
+               info={"task": name, "source": f"hugging face {path}"}, weights=None)
+
+
+def checkpoint_assets(path: Path, task: str, config) -> Any:
+    """The assets a run of ``task`` would hold, made from a checkpoint's tokenizer files."""
+    from aiayn.interop.hf_tokenizer import has_tokenizer, load_tokenizer
+
+    path = Path(path)
+    if not has_tokenizer(path):
+        raise ValueError(f"{path}: no tokenizer files (tokenizer.json, vocab.txt, or Marian's "
+                         f"source.spm / target.spm / vocab.json); commands need the checkpoint's "
+                         f"tokenizer next to its weights")
+    if task == "translation":
+        return Seq2SeqTokenizer(load_tokenizer(path), path, eos_id=config.eos_id)
+    if task == "lm":
+        return TextTokenizer(load_tokenizer(path), path)
+    from aiayn.data.wordpiece import WordPieceTokenizer
+
+    tokenizer = WordPieceTokenizer.from_pretrained_dir(path)
+    if task == "classification":
+        from aiayn.data.labels import LabelMap
+        from aiayn.tasks.classification import ClassificationAssets
+
+        return ClassificationAssets(tokenizer=tokenizer, labels=LabelMap(checkpoint_labels(path)),
+                                    max_tokens=config.max_length)
+    from aiayn.tasks.masked_lm import MaskedLMAssets
+
+    return MaskedLMAssets(tokenizer=tokenizer, max_tokens=sentence_length(path, config.max_length))
+
+
+def checkpoint_labels(path: Path) -> tuple[str, ...]:
+    """Class names of a classifier checkpoint, in output order (config.json ``id2label``)."""
+    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    labels = config.get("id2label") or {}
+    try:
+        names = [labels[key] for key in sorted(labels, key=int)]
+    except (TypeError, ValueError):
+        raise ValueError(f"{path / 'config.json'}: id2label keys must be class indices") from None
+    return tuple(names) or tuple(f"LABEL_{i}" for i in range(config.get("num_labels", 2)))
+
+
+def sentence_length(path: Path, default: int) -> int:
+    """Tokens per text for an encoder checkpoint: sentence-transformers' ``max_seq_length``
+    (sentence_bert_config.json) where the checkpoint has one, else ``default``."""
+    settings = Path(path) / "sentence_bert_config.json"
+    if settings.is_file():
+        value = json.loads(settings.read_text(encoding="utf-8")).get("max_seq_length")
+        if isinstance(value, int) and value >= 3:
+            return min(value, default)
+    return default
+
+
+def save_pretrained_tokenizer(tokenizer, run_dir: Path) -> dict[str, Any]:
+    """Copy a checkpoint tokenizer's files into ``run_dir``; the assets entry that names them."""
+    from aiayn.interop.hf_tokenizer import copy_tokenizer_files
+
+    files = copy_tokenizer_files(tokenizer.directory, Path(run_dir) / TOKENIZER_DIR)
+    return {"tokenizer": TOKENIZER_DIR, "tokenizer_files": files}
+
+
+def load_pretrained_tokenizer(run_dir: Path, assets: dict[str, Any], config):
+    """The tokenizer adapter a run started from a checkpoint saved (None for aiayn's own)."""
+    if assets.get("tokenizer") != TOKENIZER_DIR:
+        return None
+    from aiayn.interop.hf_tokenizer import load_tokenizer
+
+    directory = Path(run_dir) / TOKENIZER_DIR
+    if config.n_encoder_layers and config.n_decoder_layers:
+        return Seq2SeqTokenizer(load_tokenizer(directory), directory, eos_id=config.eos_id)
+    return TextTokenizer(load_tokenizer(directory), directory)

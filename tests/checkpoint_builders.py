@@ -1,0 +1,159 @@
+"""Small Hugging Face checkpoint directories built offline, as a hub download would lay them out:
+config.json + model.safetensors from ``transformers`` (random weights) and the tokenizer files of
+that family, trained on the bundled data and saved by ``transformers`` itself:
+
+    marian   source.spm / target.spm (SentencePiece unigram) + vocab.json + tokenizer_config.json
+    bart     tokenizer.json (byte-level BPE, <s> ... </s>) + tokenizer_config.json
+    gpt2     tokenizer.json (byte-level BPE, no special tokens added) + tokenizer_config.json
+    bert     tokenizer.json + vocab.txt (WordPiece, [CLS] ... [SEP]), a sequence classifier
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import torch
+
+from hf_helpers import randomise
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+LABELS = ("games", "net", "sound")
+
+
+def pairs(limit: int = 1000) -> list[tuple[str, str]]:
+    with gzip.open(DATA / "ddtp_en_de.tsv.gz", "rt", encoding="utf-8") as stream:
+        rows = [line.rstrip("\n").split("\t") for line in stream][1:limit + 1]
+    return [(row[0], row[1]) for row in rows]
+
+
+def shakespeare(characters: int = 60_000) -> str:
+    with gzip.open(DATA / "shakespeare_tiny.txt.gz", "rt", encoding="utf-8") as stream:
+        return stream.read(characters)
+
+
+def marian(directory: Path, *, vocab: int = 300, seed: int = 0) -> Path:
+    """A MarianMTModel with one SentencePiece model for both sides and OPUS's id layout:
+    </s> = 0, <unk> = 1, the pieces, <pad> last (also the decoder start)."""
+    import sentencepiece
+    import transformers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    text = directory / "corpus.txt"
+    text.write_text("".join(f"{en}\n{de}\n" for en, de in pairs()), encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(directory / "spm"), vocab_size=vocab,
+        model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=-1, unk_id=0,
+        minloglevel=2)
+    text.unlink()
+    for name in ("source.spm", "target.spm"):
+        (directory / name).write_bytes((directory / "spm.model").read_bytes())
+    (directory / "spm.model").unlink()
+    (directory / "spm.vocab").unlink()
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / "source.spm"))
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    vocabulary = {"</s>": 0, "<unk>": 1}
+    for piece in pieces:
+        vocabulary.setdefault(piece, len(vocabulary))
+    vocabulary["<pad>"] = len(vocabulary)
+    (directory / "vocab.json").write_text(json.dumps(vocabulary), encoding="utf-8")
+    tokenizer = transformers.MarianTokenizer(str(directory / "source.spm"),
+                                             str(directory / "target.spm"),
+                                             str(directory / "vocab.json"))
+    tokenizer.save_pretrained(directory)
+    pad = vocabulary["<pad>"]
+    config = transformers.MarianConfig(
+        vocab_size=len(vocabulary), decoder_vocab_size=len(vocabulary), pad_token_id=pad,
+        decoder_start_token_id=pad, eos_token_id=0, max_position_embeddings=128, d_model=32,
+        encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        scale_embedding=True, activation_function="swish")
+    torch.manual_seed(seed)
+    model = transformers.MarianMTModel(config).eval()
+    randomise(model, std=0.3)
+    model.save_pretrained(directory)
+    return directory
+
+
+def _byte_level_bpe(texts: list[str], vocab: int, specials: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def bart(directory: Path, *, vocab: int = 400, seed: int = 0) -> Path:
+    """A BartForConditionalGeneration with a byte-level BPE tokenizer: <s>=0 <pad>=1 </s>=2."""
+    import transformers
+    from tokenizers import processors
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tokenizer = _byte_level_bpe([t for pair in pairs() for t in pair], vocab, specials)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        unk_token="<unk>", mask_token="<mask>")
+    fast.save_pretrained(directory)
+    config = transformers.BartConfig(
+        vocab_size=tokenizer.get_vocab_size(), d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_position_embeddings=128, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2)
+    torch.manual_seed(seed)
+    model = transformers.BartForConditionalGeneration(config).eval()
+    randomise(model, std=0.3, skip=())
+    model.save_pretrained(directory)
+    return directory
+
+
+def gpt2(directory: Path, *, vocab: int = 400, seed: int = 0) -> Path:
+    """A GPT2LMHeadModel with a byte-level BPE tokenizer trained on the bundled Shakespeare."""
+    import transformers
+
+    text = shakespeare()
+    tokenizer = _byte_level_bpe(text.splitlines(keepends=True), vocab, ["<|endoftext|>"])
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>")
+    fast.save_pretrained(directory)
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    config = transformers.GPT2Config(vocab_size=tokenizer.get_vocab_size(), n_positions=64,
+                                     n_embd=32, n_layer=2, n_head=4, bos_token_id=eos,
+                                     eos_token_id=eos)
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    randomise(model, std=0.3)
+    model.save_pretrained(directory)
+    return directory
+
+
+def bert_classifier(directory: Path, texts: list[str], *, seed: int = 0) -> Path:
+    """A BertForSequenceClassification over ``LABELS`` with a WordPiece vocabulary learned on
+    ``texts`` (tokenizer.json with BERT's [CLS] ... [SEP] template, and vocab.txt)."""
+    import transformers
+
+    from aiayn.data.wordpiece import WordPieceTokenizer
+
+    learned = WordPieceTokenizer.train(texts, vocab_size=200)
+    vocabulary = learned._tokenizer.get_vocab()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "vocab.txt").write_text(
+        "".join(token + "\n" for token, _ in sorted(vocabulary.items(), key=lambda kv: kv[1])),
+        encoding="utf-8")
+    transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt")).save_pretrained(directory)
+    config = transformers.BertConfig(
+        vocab_size=len(vocabulary), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64, num_labels=len(LABELS),
+        id2label=dict(enumerate(LABELS)), label2id={name: i for i, name in enumerate(LABELS)})
+    torch.manual_seed(seed)
+    model = transformers.BertForSequenceClassification(config).eval()
+    randomise(model, std=0.3, skip=())
+    model.save_pretrained(directory)
+    return directory
