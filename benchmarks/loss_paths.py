@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from unittest import mock
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from common import alternate, setup
 
