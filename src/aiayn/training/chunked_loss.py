@@ -12,7 +12,8 @@ the products run in its dtype, as the plain path's would; everything else in flo
 
 The loss is that of ``aiayn.training.loss`` (paper 5.4). ``projected_loss`` chooses the path by
 device: chunked on the CPU, the logits and the plain loss elsewhere (a GPU runs the full logits'
-few large kernels faster than many chunks).
+few large kernels faster than many chunks). What it buys on the CPU, measured side by side with the
+plain loss on whole training steps: ``benchmarks/loss_paths.py``, figures in docs/performance.md.
 
 Legend: N rows (targets), D model width, V vocabulary, C chunk rows.
 """
