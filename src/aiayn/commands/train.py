@@ -134,7 +134,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="how long a rank waits for a missing peer before failing")
     group.add_argument("--activation-checkpointing", action="store_true",
                        help="recompute layer activations in the backward pass (less memory)")
-    group.add_argument("--compile", action="store_true", help="torch.compile each encoder/decoder layer")
+    group.add_argument("--compile", action="store_true",
+                       help="torch.compile the model and its loss as one graph (under DDP / FSDP: "
+                            "each layer)")
     group = parser.add_argument_group("evaluation and checkpoints")
     group.add_argument("--eval-every", type=non_negative_int, default=1000)
     group.add_argument("--save-every", type=non_negative_int, default=1000)
