@@ -144,7 +144,7 @@ def test_translation_loss_equals_the_plain_path(monkeypatch):
     target[1, 5:] = 0  # padded target (ignored by the loss)
     batch = TranslationBatch(source, target[:, :-1], target[:, 1:], int((target[:, 1:] != 0).sum()),
                              int((source != 0).sum()), torch.arange(3))
-    task = SimpleNamespace(label_smoothing=0.1)
+    task = SimpleNamespace(label_smoothing=0.1, pad_id=0)
     _compare(lambda m: TranslationTask.loss(task, m, batch), model, monkeypatch)
 
 

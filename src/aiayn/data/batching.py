@@ -7,7 +7,7 @@ Legend: B sentences in a batch, S source length, T target length (with </s>).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -97,3 +97,14 @@ def collate(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]] |
     target_tokens = sum(len(t) + 1 for t in targets)
     return TranslationBatch(source, decoder_input, output, target_tokens, source_tokens,
                             torch.tensor(list(indices), dtype=torch.long))
+
+
+def pair_batches(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], *,
+                 max_tokens: int, shuffle: bool, seed: int, pad_id: int, bos_id: int, eos_id: int,
+                 device: torch.device | str = "cpu") -> Iterator[TranslationBatch]:
+    """Source/target id pairs as padded ``TranslationBatch``es of about ``max_tokens`` tokens a side
+    (``token_batches`` over the lengths with their </s>, then ``collate``), on ``device``."""
+    for indices in token_batches([len(s) + 1 for s in sources], [len(t) + 1 for t in targets],
+                                 max_tokens=max_tokens, shuffle=shuffle, seed=seed):
+        yield collate([sources[i] for i in indices], [targets[i] for i in indices], indices,
+                      pad_id=pad_id, bos_id=bos_id, eos_id=eos_id).to(device)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from aiayn.config import TransformerConfig
-from aiayn.data.batching import TranslationBatch, collate, token_batches
+from aiayn.data.batching import TranslationBatch, pair_batches
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer
 from aiayn.models import Transformer
 from aiayn.tasks.translation import translation_loss
@@ -114,10 +114,8 @@ class TextToTextTask:
 
     def _batches(self, sources, targets, *, shuffle: bool, seed: int
                  ) -> Iterator[TranslationBatch]:
-        for indices in token_batches([len(s) + 1 for s in sources], [len(t) + 1 for t in targets],
-                                     max_tokens=self.max_tokens, shuffle=shuffle, seed=seed):
-            yield collate([sources[i] for i in indices], [targets[i] for i in indices], indices,
-                          pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID).to(self.device)
+        return pair_batches(sources, targets, max_tokens=self.max_tokens, shuffle=shuffle, seed=seed,
+                            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, device=self.device)
 
     def train_batches(self, epoch: int) -> Iterator[TranslationBatch]:
         return self._batches(self.train_source, self.train_target, shuffle=True,

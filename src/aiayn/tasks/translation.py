@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from aiayn.config import TransformerConfig
-from aiayn.data.batching import TranslationBatch, collate, token_batches
+from aiayn.data.batching import TranslationBatch, pair_batches
 from aiayn.data.parallel import SentencePair, read_pairs, split_pairs
 from aiayn.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer)
 from aiayn.models import Transformer
@@ -144,13 +144,9 @@ class TranslationTask:
 
     def _batches(self, sources, targets, *, shuffle: bool, seed: int
                  ) -> Iterator[TranslationBatch]:
-        lengths_source = [len(s) + 1 for s in sources]
-        lengths_target = [len(t) + 1 for t in targets]
-        for indices in token_batches(lengths_source, lengths_target, max_tokens=self.max_tokens,
-                                     shuffle=shuffle, seed=seed):
-            yield collate([sources[i] for i in indices], [targets[i] for i in indices], indices,
-                          pad_id=self.pad_id, bos_id=self.start_id,
-                          eos_id=self.eos_id).to(self.device)
+        return pair_batches(sources, targets, max_tokens=self.max_tokens, shuffle=shuffle, seed=seed,
+                            pad_id=self.pad_id, bos_id=self.start_id, eos_id=self.eos_id,
+                            device=self.device)
 
     def train_batches(self, epoch: int) -> Iterator[TranslationBatch]:
         return self._batches(self.train_source, self.train_target, shuffle=True,
