@@ -1,5 +1,5 @@
 """``aiayn generate RUN_DIR --prompt TEXT``: continue a prompt with a trained language model (a run
-of ``aiayn train lm`` or a Hugging Face GPT-2 checkpoint directory, with its tokenizer).
+of ``aiayn train lm`` or a Hugging Face GPT-2 / Llama checkpoint directory, with its tokenizer).
 
 Tokens stream to stdout as they are produced (one prompt), or each continuation is printed once done
 (several prompts, generated together as one left-padded batch). A prompt longer than the model's
@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Continue a prompt with the model of RUN_DIR; tokens stream to stdout.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ('aiayn train lm') or "
-                        "a Hugging Face GPT-2 checkpoint directory")
+                        "a Hugging Face GPT-2 / Llama checkpoint directory")
     parser.add_argument("--prompt", action="append", default=None, metavar="TEXT",
                         help="text to continue (repeat for a batch of prompts; default: a newline)")
     parser.add_argument("--max-new-tokens", type=int, default=200)
