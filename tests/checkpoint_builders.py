@@ -174,9 +174,9 @@ def t5(directory: Path, *, vocab: int = 300, sentinels: int = 4, seed: int = 0) 
     learned.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.WhitespaceSplit(),
         pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)])
-    learned.train_from_iterator([t for pair in pairs() for t in pair], trainer=trainers.UnigramTrainer(
-        vocab_size=vocab, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
-        show_progress=False))
+    trainer = trainers.UnigramTrainer(vocab_size=vocab, special_tokens=["<pad>", "</s>", "<unk>"],
+                                      unk_token="<unk>", show_progress=False)
+    learned.train_from_iterator([t for pair in pairs() for t in pair], trainer=trainer)
     pieces = [tuple(piece) for piece in json.loads(learned.to_str())["model"]["vocab"]]
     tokenizer = transformers.T5Tokenizer(vocab=pieces, extra_ids=sentinels)
     tokenizer.save_pretrained(directory)
@@ -206,8 +206,8 @@ def llama(directory: Path, *, vocab: int = 600, seed: int = 0) -> Path:
     learned = Tokenizer(models.BPE())
     learned.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first",
                                                      split=False)
-    learned.train_from_iterator(shakespeare().splitlines(keepends=True), trainer=trainers.BpeTrainer(
-        vocab_size=vocab, special_tokens=specials, show_progress=False))
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, show_progress=False)
+    learned.train_from_iterator(shakespeare().splitlines(keepends=True), trainer=trainer)
     model_json = json.loads(learned.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model_json["merges"]]
     tokenizer = transformers.LlamaTokenizer(vocab=model_json["vocab"], merges=merges,

@@ -1,5 +1,6 @@
-"""The commands on T5 and Llama checkpoint directories print what ``transformers`` computes with the
-same checkpoint and its own tokenizer (small checkpoints built offline: tests/checkpoint_builders.py):
+"""The commands on T5 and Llama checkpoint directories print what ``transformers`` computes with
+the same checkpoint and its own tokenizer (small checkpoints built offline:
+tests/checkpoint_builders.py):
 ``aiayn translate`` = ``T5ForConditionalGeneration.generate`` + decode (greedy and beam), ``aiayn
 generate`` = ``LlamaForCausalLM.generate(do_sample=False)`` + decode; ``evaluate`` and ``attention``
 run on both."""
