@@ -6,6 +6,10 @@ that family, trained on the bundled data and saved by ``transformers`` itself:
     bart     tokenizer.json (byte-level BPE, <s> ... </s>) + tokenizer_config.json
     gpt2     tokenizer.json (byte-level BPE, no special tokens added) + tokenizer_config.json
     bert     tokenizer.json + vocab.txt (WordPiece, [CLS] ... [SEP]), a sequence classifier
+    t5       tokenizer.json (SentencePiece-style unigram, ... </s>; <pad>=0 </s>=1 <unk>=2 and
+             <extra_id_*> sentinels) + tokenizer_config.json, T5 1.1 (gated-gelu, head untied)
+    llama    tokenizer.json (Llama 2's byte-fallback BPE: <unk>=0 <s>=1 </s>=2, <0x00>..<0xFF>,
+             <s> ... added) + tokenizer_config.json, grouped-query attention (4 heads, 2 kv)
 """
 
 from __future__ import annotations
@@ -155,5 +159,70 @@ def bert_classifier(directory: Path, texts: list[str], *, seed: int = 0) -> Path
     torch.manual_seed(seed)
     model = transformers.BertForSequenceClassification(config).eval()
     randomise(model, std=0.3, skip=())
+    model.save_pretrained(directory)
+    return directory
+
+
+def t5(directory: Path, *, vocab: int = 300, sentinels: int = 4, seed: int = 0) -> Path:
+    """A T5ForConditionalGeneration (T5 1.1: gated-gelu, a head of its own) with a unigram
+    vocabulary laid out as T5's: <pad>=0 (also the decoder start), </s>=1, <unk>=2, the pieces,
+    then ``sentinels`` <extra_id_*> tokens; ``transformers.T5Tokenizer`` writes the files."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    learned = Tokenizer(models.Unigram())
+    learned.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(),
+        pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)])
+    trainer = trainers.UnigramTrainer(vocab_size=vocab, special_tokens=["<pad>", "</s>", "<unk>"],
+                                      unk_token="<unk>", show_progress=False)
+    learned.train_from_iterator([t for pair in pairs() for t in pair], trainer=trainer)
+    pieces = [tuple(piece) for piece in json.loads(learned.to_str())["model"]["vocab"]]
+    tokenizer = transformers.T5Tokenizer(vocab=pieces, extra_ids=sentinels)
+    tokenizer.save_pretrained(directory)
+    config = transformers.T5Config(
+        vocab_size=len(tokenizer), d_model=32, d_ff=48, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=20,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False, pad_token_id=0,
+        eos_token_id=1, decoder_start_token_id=0)
+    torch.manual_seed(seed)
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    randomise(model, std=0.3)
+    with torch.no_grad():  # make </s> likelier, so outputs end at different lengths
+        model.lm_head.weight[1] *= 3.0
+    model.save_pretrained(directory)
+    return directory
+
+
+def llama(directory: Path, *, vocab: int = 600, seed: int = 0) -> Path:
+    """A LlamaForCausalLM with grouped-query attention (4 heads, 2 key/value heads) and Llama 2's
+    tokenizer layout: <unk>=0 <s>=1 </s>=2, the byte tokens <0x00>..<0xFF> (byte fallback), then
+    BPE pieces learned on the bundled Shakespeare; ``transformers.LlamaTokenizer`` writes the
+    files, with <s> added in front of every text (``add_bos_token``) as Llama 2's does."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{byte:02X}>" for byte in range(256)]
+    learned = Tokenizer(models.BPE())
+    learned.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first",
+                                                     split=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, show_progress=False)
+    learned.train_from_iterator(shakespeare().splitlines(keepends=True), trainer=trainer)
+    model_json = json.loads(learned.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model_json["merges"]]
+    tokenizer = transformers.LlamaTokenizer(vocab=model_json["vocab"], merges=merges,
+                                            add_bos_token=True)
+    tokenizer.save_pretrained(directory)
+    # The byte tokens are ordinary pieces of the vocabulary, as in Llama 2 (not added tokens).
+    saved = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+    saved["added_tokens"] = [t for t in saved["added_tokens"] if t["id"] < 3]
+    (directory / "tokenizer.json").write_text(json.dumps(saved), encoding="utf-8")
+    config = transformers.LlamaConfig(
+        vocab_size=len(model_json["vocab"]), hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=64, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).eval()
+    randomise(model, std=0.3, skip=("rotary_emb",))
     model.save_pretrained(directory)
     return directory

@@ -1,5 +1,5 @@
 """``aiayn generate RUN_DIR --prompt TEXT``: continue a prompt with a trained language model (a run
-of ``aiayn train lm`` or a Hugging Face GPT-2 checkpoint directory, with its tokenizer).
+of ``aiayn train lm`` or a Hugging Face GPT-2 / Llama checkpoint directory, with its tokenizer).
 
 Tokens stream to stdout as they are produced (one prompt), or each continuation is printed once done
 (several prompts, generated together as one left-padded batch). A prompt longer than the model's
@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Continue a prompt with the model of RUN_DIR; tokens stream to stdout.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ('aiayn train lm') or "
-                        "a Hugging Face GPT-2 checkpoint directory")
+                        "a Hugging Face GPT-2 / Llama checkpoint directory")
     parser.add_argument("--prompt", action="append", default=None, metavar="TEXT",
                         help="text to continue (repeat for a batch of prompts; default: a newline)")
     parser.add_argument("--max-new-tokens", type=int, default=200)
@@ -67,6 +67,30 @@ class StopStrings:
         return len(text) - hold
 
 
+class Continuation:
+    """The text of a continuation, decoded after its prompt's tokens: a SentencePiece-style decoder
+    (Llama, T5) drops the leading space of the first token it decodes, so the continuation alone
+    would lose the space that separates it from the prompt. Where the prompt's text is not a
+    prefix of the whole (bytes of one character split across the boundary), the continuation is
+    decoded alone."""
+
+    def __init__(self, vocabulary, prompt_ids: list[int]):
+        self.vocabulary, self.prompt_ids = vocabulary, list(prompt_ids)
+        self.prefix = vocabulary.decode(self.prompt_ids)
+
+    def text(self, tokens: list[int]) -> str:
+        whole = self.vocabulary.decode(self.prompt_ids + [int(t) for t in tokens])
+        if whole.startswith(self.prefix):
+            return whole[len(self.prefix):]
+        return self.vocabulary.decode(tokens)
+
+    def settled(self, tokens: list[int]) -> int:
+        """How many leading tokens have text that later tokens cannot change: all but a trailing
+        run of byte-fallback tokens (``<0xE2>``...), which decode together or as U+FFFD each."""
+        pending = getattr(self.vocabulary, "pending_tokens", None)
+        return len(tokens) - (pending(tokens) if pending else 0)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -94,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
             ids = ids[-(context - 1):]
         rows.append(ids)
     stream = len(rows) == 1 and not args.no_stream
+    continuations = [Continuation(vocabulary, ids) for ids in rows]
     texts, streamed = [""] * len(rows), []
     shown, done = [0], [False]
 
@@ -103,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         # The whole continuation decoded again: a subword tokenizer's bytes of one character can
         # span tokens (held back while incomplete, shown as U+FFFD by the decoder).
         streamed.append(int(tokens[0]))
-        texts[0] = vocabulary.decode(streamed)
+        texts[0] = continuations[0].text(streamed[:continuations[0].settled(streamed)])
         cut = stops.cut(texts[0])
         done[0] = cut is not None
         visible = cut if cut is not None else stops.safe(texts[0].rstrip("\ufffd"))
@@ -113,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             shown[0] = visible
 
     def stop(row: int, tokens: list[int]) -> bool:
-        return stops.cut(vocabulary.decode(tokens)) is not None
+        return stops.cut(continuations[row].text(tokens)) is not None
 
     if stream:
         sys.stdout.write(prompts[0])
@@ -124,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     result = inference.generate(rows, config, stop=stop if args.stop else None,
                                 on_step=on_step if stream else None)
     for index, tokens in enumerate(result.tokens):
-        text = vocabulary.decode(tokens)
+        text = continuations[index].text(tokens)
         cut = stops.cut(text)
         text = text if cut is None else text[:cut]
         if stream:

@@ -1,5 +1,5 @@
 """``aiayn translate RUN_DIR``: translate stdin to stdout, one sentence a line; RUN_DIR is a run of
-``aiayn train translation`` or a Hugging Face Marian / BART checkpoint directory."""
+``aiayn train translation`` or a Hugging Face Marian / BART / T5 checkpoint directory."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "stdout in the same order, with beam search (paper 6.1: beam 4, alpha 0.6).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ('aiayn train "
-                        "translation') or a Hugging Face Marian / BART checkpoint directory")
+                        "translation') or a Hugging Face Marian / BART / T5 checkpoint directory")
     parser.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty exponent")
     parser.add_argument("--max-tokens", type=positive_int, default=4000,

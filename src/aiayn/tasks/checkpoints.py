@@ -11,6 +11,7 @@ tokenizers aiayn trains, with the ids the ``transformers`` tokenizer makes.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from aiayn.training.run import RUN_FILE, Run
 HF_TASKS = {"seq2seq": "translation", "causal_lm": "lm", "classification": "classification",
             "masked_lm": "mlm", "encoder": "encoder"}
 TOKENIZER_DIR = "pretrained_tokenizer"  # where a run started from a checkpoint keeps its files
+BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece byte fallback (Llama 2's tokenizer)
 
 
 class Seq2SeqTokenizer:
@@ -62,6 +64,16 @@ class TextTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids])
+
+    def pending_tokens(self, ids: Sequence[int]) -> int:
+        """Length of the trailing run of byte-fallback tokens (``<0xE2>``...): their text may still
+        change, since the decoder turns a run that is not valid UTF-8 into U+FFFD, byte by byte."""
+        count = 0
+        for index in reversed(ids):
+            if not BYTE_PIECE.fullmatch(self.tokenizer.id_to_token(int(index))):
+                break
+            count += 1
+        return count
 
 
 def directory_task(path: str | Path) -> str:
