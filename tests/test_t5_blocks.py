@@ -148,3 +148,19 @@ def test_t5_blocks_have_no_biases_and_one_shared_embedding():
     assert model.encoder.embeddings.positions is None and model.encoder.embeddings.scale == 1.0
     untied = t5(tie_output=False, scale_output=False)
     assert count_parameters(untied) == count_parameters(model) + 60 * 32
+
+
+@pytest.mark.parametrize("tie_output", [True, False])
+def test_a_rescaled_output_starts_from_unit_scale_embeddings(tie_output):
+    """T5's logits are (h / sqrt(D)) E^T: its embeddings (and an untied head) start at N(0, 1), as in
+    mesh-tensorflow and HF's T5 init; the paper's models keep N(0, D^-1/2)."""
+    torch.manual_seed(0)
+    config = TransformerConfig.preset("t5-cpu", vocab_size=4000, tie_output=tie_output)
+    model = Transformer(config)
+    embedding = model.decoder.embeddings.tokens.weight
+    assert embedding.std().item() == pytest.approx(1.0, rel=0.02)
+    assert model.generator.weight.std().item() == pytest.approx(1.0, rel=0.02)
+    assert (model.generator.weight is embedding) == tie_output
+    paper = Transformer(TransformerConfig.preset("mt-cpu", vocab_size=4000))
+    assert paper.decoder.embeddings.tokens.weight.std().item() == pytest.approx(128 ** -0.5,
+                                                                                 rel=0.02)

@@ -25,6 +25,7 @@ class OutputProjection(nn.Module):
     def __init__(self, config: TransformerConfig, embedding: nn.Embedding, *, tied: bool):
         super().__init__()
         vocab_size, d_model = embedding.weight.shape
+        self.tied = tied
         if tied:
             self.weight = embedding.weight
         else:
@@ -83,12 +84,20 @@ class MaskedLMHead(nn.Module):
         return self.projection(hidden)
 
 
+def _embedding_std(config: TransformerConfig) -> float:
+    if config.init_std is not None:
+        return config.init_std
+    return 1.0 if config.scale_output else config.d_model ** -0.5
+
+
 def initialise(model: nn.Module, config: TransformerConfig) -> None:
     """Initial weights. The paper gives none; we follow its reference code (tensor2tensor):
     Xavier-uniform matrices and N(0, D^-1/2) embeddings, which the sqrt(D) scaling brings to unit size.
     With ``config.init_std`` every matrix and embedding is N(0, init_std) instead (GPT-2, BERT).
     Without ``scale_attention`` the queries' matrices start Dh^-1/2 smaller: the 1/sqrt(d_k) of eq. 1
-    folded into the initialisation, as T5 (mesh-tensorflow) does.
+    folded into the initialisation, as T5 (mesh-tensorflow) does; with ``scale_output`` the
+    embeddings (and an untied output matrix) start at unit scale, the size T5's D^-1/2 output
+    rescaling is made for (without it the first logits are sqrt(D) times too small to learn from).
     """
     for module in model.modules():
         if isinstance(module, nn.Linear):
@@ -99,8 +108,9 @@ def initialise(model: nn.Module, config: TransformerConfig) -> None:
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            std = config.init_std if config.init_std is not None else config.d_model ** -0.5
-            nn.init.normal_(module.weight, std=std)
+            nn.init.normal_(module.weight, std=_embedding_std(config))
+        elif isinstance(module, OutputProjection) and not module.tied and config.scale_output:
+            nn.init.normal_(module.weight, std=_embedding_std(config))
         elif isinstance(module, nn.LayerNorm):
             if module.weight is not None:
                 nn.init.ones_(module.weight)
