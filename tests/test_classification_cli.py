@@ -291,3 +291,26 @@ def test_init_from_all_minilm_l6_v2_builds_a_classifier(data, tmp_path):
     with torch.no_grad():
         logits = model(torch.tensor([[101, 1996, 4248, 102]]))
     assert logits.shape == (1, 3) and torch.isfinite(logits).all()
+
+
+def test_the_recipe_follows_what_init_points_at(tmp_path):
+    """A Hugging Face checkpoint gets the fine-tuning recipe chosen for MiniLM; an aiayn mlm run (a
+    small encoder) and no --init get the from-scratch recipe; what the command line sets stays."""
+    import argparse
+
+    from aiayn.commands.train_classification import FINE_TUNING, FROM_SCRATCH, apply_recipe
+    from aiayn.training.run import RUN_FILE
+
+    run, checkpoint = tmp_path / "run", tmp_path / "hf"
+    run.mkdir()
+    checkpoint.mkdir()
+    (run / RUN_FILE).write_text("{}")
+    (checkpoint / "config.json").write_text("{}")
+    for init, recipe in ((None, FROM_SCRATCH), (run, FROM_SCRATCH), (checkpoint, FINE_TUNING)):
+        args = argparse.Namespace(init=None if init is None else str(init),
+                                  **dict.fromkeys(FROM_SCRATCH))
+        args.lr = 1e-3
+        apply_recipe(args)
+        assert {k: getattr(args, k) for k in recipe if k != "lr"} == {
+            k: v for k, v in recipe.items() if k != "lr"}
+        assert args.lr == 1e-3

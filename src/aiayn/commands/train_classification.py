@@ -19,8 +19,8 @@ BUNDLED_DATA = Path(__file__).resolve().parents[3] / "data" / "debian_sections_t
 DEFAULTS = dict(preset="encoder-small", optimizer="adamw", betas=(0.9, 0.999), adam_eps=1e-8,
                 weight_decay=0.01, schedule="warmup_cosine", clip_norm=1.0, keep_last=2,
                 best_metric="macro_f1", best_mode="max")
-# The settings that differ between training from scratch and fine-tuning (--init), each applied
-# where the command line leaves it unset. FINE_TUNING was chosen on the validation split of the
+# The settings that differ between training from scratch and fine-tuning a Hugging Face checkpoint
+# (--init DIR with a config.json), each applied where the command line leaves it unset. FINE_TUNING was chosen on the validation split of the
 # bundled data for all-MiniLM-L6-v2 among runs of under 10 minutes on 2 CPU cores: the top 2 layers
 # at lr 5e-4 over 96 tokens, about 2 epochs (docs/classification.md has the candidates).
 FROM_SCRATCH = dict(steps=240, warmup=24, lr=2e-3, min_lr=1e-5, eval_every=80, save_every=80,
@@ -66,8 +66,9 @@ def _describe_recipes(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if action.dest in FROM_SCRATCH:
             scratch, tuned = FROM_SCRATCH[action.dest], FINE_TUNING[action.dest]
-            action.help = (f"{action.help or ''} (default: {scratch} from scratch, {tuned} with "
-                           f"--init)").replace("%", "%%").lstrip(" ")
+            action.help = (f"{action.help or ''} (default: {scratch} from scratch or an aiayn "
+                           f"run, {tuned} with --init a Hugging Face checkpoint)"
+                           ).replace("%", "%%").lstrip(" ")
 
 
 def _layer_count(text: str) -> int | str:
@@ -83,9 +84,13 @@ def _layer_count(text: str) -> int | str:
 
 
 def apply_recipe(args: argparse.Namespace) -> None:
-    """Fill each recipe setting the command line left unset: FINE_TUNING with --init, else
-    FROM_SCRATCH."""
-    recipe = FINE_TUNING if args.init else FROM_SCRATCH
+    """Fill each recipe setting the command line left unset: FINE_TUNING with --init a Hugging Face
+    checkpoint, else FROM_SCRATCH (also from an aiayn mlm run: a small encoder of aiayn's size,
+    which the smaller learning rate of FINE_TUNING leaves far behind, docs/classification.md)."""
+    from aiayn.training.run import RUN_FILE
+
+    pretrained = args.init is not None and not (Path(args.init) / RUN_FILE).is_file()
+    recipe = FINE_TUNING if pretrained else FROM_SCRATCH
     for name, value in recipe.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
