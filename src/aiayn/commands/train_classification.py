@@ -130,6 +130,7 @@ def make_task(args: argparse.Namespace):
     from aiayn.tasks.pretrained import load_pretrained_encoder
     from aiayn.training.checkpoint import sha256_file
 
+    max_tokens_given = args.max_tokens is not None
     apply_recipe(args)
     path = resolve_data(args.data)
     _, parts, split = load_splits(path, valid_fraction=args.valid_fraction,
@@ -150,6 +151,8 @@ def make_task(args: argparse.Namespace):
         pretrained = load_pretrained_encoder(args.init)
         pretrained.config = pretrained.config.replace(**parse_overrides(args.set))
         tokenizer = pretrained.tokenizer
+        if not max_tokens_given:  # the recipe's length, within the checkpoint's positions
+            args.max_tokens = min(args.max_tokens, pretrained.config.max_length)
     elif (out / TOKENIZER_FILE).is_file() and (out / "checkpoints").is_dir():
         tokenizer = WordPieceTokenizer.load(out / TOKENIZER_FILE)  # resuming: the same ids
     else:
