@@ -16,7 +16,7 @@ Legend: B batch, S source length, T target length, V vocabulary.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +25,9 @@ import torch
 from torch import nn
 
 from aiayn.config import TransformerConfig
-from aiayn.data.batching import TranslationBatch, pair_batches
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer
 from aiayn.models import Transformer
-from aiayn.tasks.translation import translation_loss
+from aiayn.tasks.translation import PairBatches
 
 KINDS = ("translation", "classification")
 PREFIXES_FILE = "prefixes.json"
@@ -57,7 +56,7 @@ def classification_examples(rows: Any, prefix: str) -> list[TextExample]:
             for text, label in zip(rows.texts, rows.labels)]
 
 
-class TextToTextTask:
+class TextToTextTask(PairBatches):
     """An encoder-decoder trained on text examples of several tasks at once.
 
     Args:
@@ -80,6 +79,7 @@ class TextToTextTask:
         if max_tokens <= 0 or max_length <= 0:
             raise ValueError("max_tokens and max_length must be positive")
         self.tokenizer, self.prefixes = tokenizer, dict(prefixes)
+        self.pad_id, self.start_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
         self.max_tokens, self.max_length = max_tokens, max_length
         self.label_smoothing, self.valid_sentences, self.seed = label_smoothing, valid_sentences, seed
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -111,27 +111,6 @@ class TextToTextTask:
 
     def build_model(self, model_config: TransformerConfig) -> nn.Module:
         return Transformer(model_config)
-
-    def _batches(self, sources, targets, *, shuffle: bool, seed: int
-                 ) -> Iterator[TranslationBatch]:
-        return pair_batches(sources, targets, max_tokens=self.max_tokens, shuffle=shuffle, seed=seed,
-                            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, device=self.device)
-
-    def train_batches(self, epoch: int) -> Iterator[TranslationBatch]:
-        return self._batches(self.train_source, self.train_target, shuffle=True,
-                             seed=self.seed * 100_003 + epoch)
-
-    def valid_batches(self) -> Iterator[TranslationBatch]:
-        return self._batches(self.valid_source, self.valid_target, shuffle=False, seed=0)
-
-    def count(self, batch: TranslationBatch) -> int:
-        return batch.target_tokens
-
-    def loss(self, model: nn.Module, batch: TranslationBatch, *, smoothing: float | None = None
-             ) -> torch.Tensor:
-        smoothing = self.label_smoothing if smoothing is None else smoothing
-        return translation_loss(model, batch.source, batch.decoder_input, batch.targets,
-                                smoothing=smoothing)
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         import math

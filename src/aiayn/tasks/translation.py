@@ -51,7 +51,36 @@ def translation_loss(model: nn.Module, source: torch.Tensor, decoder_input: torc
                                         smoothing=smoothing, ignore_index=pad_id)
 
 
-class TranslationTask:
+class PairBatches:
+    """Training and validation batches, token count and loss of a task whose examples are id pairs
+    (``train_source``/``train_target``, ``valid_source``/``valid_target``) with ``pad_id``,
+    ``start_id`` and ``eos_id``: the translation task, and text-to-text."""
+
+    def _batches(self, sources, targets, *, shuffle: bool, seed: int
+                 ) -> Iterator[TranslationBatch]:
+        return pair_batches(sources, targets, max_tokens=self.max_tokens, shuffle=shuffle, seed=seed,
+                            pad_id=self.pad_id, bos_id=self.start_id, eos_id=self.eos_id,
+                            device=self.device)
+
+    def train_batches(self, epoch: int) -> Iterator[TranslationBatch]:
+        return self._batches(self.train_source, self.train_target, shuffle=True,
+                             seed=self.seed * 100_003 + epoch)
+
+    def valid_batches(self) -> Iterator[TranslationBatch]:
+        """The validation pairs in fixed token-count batches (no length filter)."""
+        return self._batches(self.valid_source, self.valid_target, shuffle=False, seed=0)
+
+    def count(self, batch: TranslationBatch) -> int:
+        return batch.target_tokens
+
+    def loss(self, model: nn.Module, batch: TranslationBatch, *, smoothing: float | None = None
+             ) -> torch.Tensor:
+        smoothing = self.label_smoothing if smoothing is None else smoothing
+        return translation_loss(model, batch.source, batch.decoder_input, batch.targets,
+                                smoothing=smoothing, pad_id=self.pad_id)
+
+
+class TranslationTask(PairBatches):
     """Translation from a TSV / two-file corpus (see ``aiayn.data.parallel``).
 
     Args:
@@ -141,29 +170,6 @@ class TranslationTask:
         if self.pretrained is not None:
             model.load_state_dict(self.pretrained.weights)
         return model
-
-    def _batches(self, sources, targets, *, shuffle: bool, seed: int
-                 ) -> Iterator[TranslationBatch]:
-        return pair_batches(sources, targets, max_tokens=self.max_tokens, shuffle=shuffle, seed=seed,
-                            pad_id=self.pad_id, bos_id=self.start_id, eos_id=self.eos_id,
-                            device=self.device)
-
-    def train_batches(self, epoch: int) -> Iterator[TranslationBatch]:
-        return self._batches(self.train_source, self.train_target, shuffle=True,
-                             seed=self.seed * 100_003 + epoch)
-
-    def valid_batches(self) -> Iterator[TranslationBatch]:
-        """The validation pairs in fixed token-count batches (no length filter)."""
-        return self._batches(self.valid_source, self.valid_target, shuffle=False, seed=0)
-
-    def count(self, batch: TranslationBatch) -> int:
-        return batch.target_tokens
-
-    def loss(self, model: nn.Module, batch: TranslationBatch, *, smoothing: float | None = None
-             ) -> torch.Tensor:
-        smoothing = self.label_smoothing if smoothing is None else smoothing
-        return translation_loss(model, batch.source, batch.decoder_input, batch.targets,
-                                smoothing=smoothing, pad_id=self.pad_id)
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         import math
