@@ -113,13 +113,7 @@ class TextToTextTask(PairBatches):
         return Transformer(model_config)
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        import math
-
-        total, tokens = 0.0, 0
-        for batch in self.valid_batches():
-            total += float(self.loss(model, batch, smoothing=0.0))
-            tokens += batch.target_tokens
-        metrics = {"loss": total / tokens, "ppl": math.exp(min(total / tokens, 50.0))}
+        metrics = self.valid_loss(model)
         translations = [e for e in self.valid if e.kind == "translation"][:self.valid_sentences]
         return {**metrics, **score_examples(model, self.tokenizer, translations),
                 **score_examples(model, self.tokenizer,

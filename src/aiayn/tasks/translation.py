@@ -10,6 +10,7 @@ Legend: B batch, S source length, T target length, V vocabulary.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,14 @@ class PairBatches:
         smoothing = self.label_smoothing if smoothing is None else smoothing
         return translation_loss(model, batch.source, batch.decoder_input, batch.targets,
                                 smoothing=smoothing, pad_id=self.pad_id)
+
+    def valid_loss(self, model: nn.Module) -> dict[str, float]:
+        """Cross-entropy per target token over the validation pairs (no smoothing), and its ppl."""
+        total, tokens = 0.0, 0
+        for batch in self.valid_batches():
+            total += float(self.loss(model, batch, smoothing=0.0))
+            tokens += batch.target_tokens
+        return {"loss": total / tokens, "ppl": math.exp(min(total / tokens, 50.0))}
 
 
 class TranslationTask(PairBatches):
@@ -172,15 +181,9 @@ class TranslationTask(PairBatches):
         return model
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        import math
-
         from aiayn.tasks.translate import score_translations, translate_ids
 
-        total, tokens = 0.0, 0
-        for batch in self.valid_batches():
-            total += float(self.loss(model, batch, smoothing=0.0))
-            tokens += batch.target_tokens
-        metrics = {"loss": total / tokens, "ppl": math.exp(min(total / tokens, 50.0))}
+        metrics = self.valid_loss(model)
         count = min(self.valid_bleu_sentences, len(self.valid_pairs))
         if count:
             outputs = translate_ids(model, self.tokenizer.encode(
