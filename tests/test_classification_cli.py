@@ -243,15 +243,15 @@ def _parse(data, out, *extra):
     return parser.parse_args(["--data", str(data), "--out", str(out), *extra])
 
 
-def test_init_from_a_hugging_face_bert_directory(data, tmp_path):
+@pytest.fixture(scope="module")
+def hf_bert_dir(tmp_path_factory):
+    """A small Hugging Face BERT directory (random weights, a vocab.txt of the tiny data's words)."""
     transformers = pytest.importorskip("transformers")
     import aiayn
-    from aiayn.commands import train_classification
-    from aiayn.config import TransformerConfig
 
     if not hasattr(aiayn, "from_pretrained"):
         pytest.skip("aiayn.from_pretrained is not in this installation")
-    hf_dir = tmp_path / "hf"
+    hf_dir = tmp_path_factory.mktemp("hf") / "bert"
     words = sorted({w for text in WORDS.values() for w in text.split()})
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
     config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
@@ -260,8 +260,18 @@ def test_init_from_a_hugging_face_bert_directory(data, tmp_path):
     torch.manual_seed(0)
     transformers.BertModel(config).save_pretrained(hf_dir)
     (hf_dir / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    return hf_dir
+
+
+def test_init_from_a_hugging_face_bert_directory(data, tmp_path, hf_bert_dir):
+    import aiayn
+    from aiayn.commands import train_classification
+    from aiayn.config import TransformerConfig
+
+    hf_dir = hf_bert_dir
     task = train_classification.make_task(_parse(data, tmp_path / "c", "--init", str(hf_dir)))
-    assert task.tokenizer.vocab_size == len(vocab) and task.tokenizer.cls_id == 2
+    assert task.tokenizer.vocab_size == 5 + len({w for t in WORDS.values() for w in t.split()})
+    assert task.tokenizer.cls_id == 2
     assert task.train_ids[0][0] == 2 and 1 not in task.train_ids[0]  # every word is in vocab.txt
     model_config = task.model_config(TransformerConfig.preset("tiny"))
     model = task.build_model(model_config)
@@ -270,6 +280,58 @@ def test_init_from_a_hugging_face_bert_directory(data, tmp_path):
         assert torch.equal(model.encoder.state_dict()[name], value), name
     assert main(["train", "classification", "--data", str(data), "--out", str(tmp_path / "ft"),
                  "--init", str(hf_dir), "--steps", "4", *FAST]) == 0
+
+
+@pytest.mark.parametrize("extra, kernel, dropout, autocast", [
+    (["--autocast", "bf16"], "ReferenceAttention", 0.0, "bf16"),  # the CPU's faster bf16 backward
+    (["--autocast", "none"], "FusedAttention", 0.0, "none"),
+    (["--autocast", "bf16", "--set", "dropout=0.2", "--set", "attention=fused"], "FusedAttention",
+     0.2, "bf16"),  # --set wins over the recipe
+])
+def test_the_fine_tuning_recipe_sets_the_checkpoint_config(data, tmp_path, hf_bert_dir, extra,
+                                                            kernel, dropout, autocast):
+    from aiayn.commands import train_classification
+    from aiayn.config import TransformerConfig
+
+    args = _parse(data, tmp_path / "c", "--init", str(hf_bert_dir), "--device", "cpu", *extra)
+    task = train_classification.make_task(args)
+    config = task.model_config(TransformerConfig.preset("tiny"))
+    # the run keeps the checkpoint's kernel (inference); training may swap in another exact one
+    assert (config.attention, config.dropout, args.autocast) == ("fused", dropout, autocast)
+    assert config.attention_dropout == 0.0
+    assert (args.batch_size, args.max_tokens, args.train_layers) == (16, 64, "layers")
+    assert args.lr_scales == {"head.": 10.0}
+    model = task.build_model(config)  # "layers": every layer trains, the embeddings stay
+    kernels = {type(m.kernel).__name__ for m in model.modules() if hasattr(m, "kernel")}
+    assert kernels == {kernel}
+    frozen = {name.split(".")[2] for name, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {"embeddings"}
+    assert all(p.requires_grad for p in model.encoder.encoder.layers.parameters())
+    assert all(p.requires_grad for p in model.head.parameters())
+
+
+def test_a_fine_tuned_run_trained_with_a_swapped_kernel_keeps_the_checkpoints(data, tmp_path,
+                                                                              hf_bert_dir):
+    """Trained through the written-out kernel, saved with the fused one: the loaded run gives the
+    trained model's outputs."""
+    from aiayn.tasks.checkpoints import load_model_dir
+
+    out = tmp_path / "ft"
+    assert main(["train", "classification", "--data", str(data), "--out", str(out), "--init",
+                 str(hf_bert_dir), "--autocast", "bf16", "--steps", "3", "--eval-every", "3",
+                 "--save-every", "3", "--threads", "1", "--no-progress"]) == 0
+    info = json.loads((out / "run.json").read_text())
+    assert info["model_config"]["attention"] == "fused"
+    assert info["training_config"]["lr_scales"] == {"head.": 10.0}
+    run = load_model_dir(out, task="classification")
+    assert {type(m.kernel).__name__ for m in run.model.modules() if hasattr(m, "kernel")} == {
+        "FusedAttention"}
+    assert main(["evaluate", str(out), "--data", str(data), "--split", "valid"]) == 0
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    trained = [r for r in log if r["split"] == "valid"][-1]
+    scored = json.loads((out / "evaluation" / "tiny.valid.json").read_text())
+    assert scored["accuracy"] == pytest.approx(trained["accuracy"])
+    assert scored["macro_f1"] == pytest.approx(trained["macro_f1"])
 
 
 def test_init_from_all_minilm_l6_v2_builds_a_classifier(data, tmp_path):

@@ -83,3 +83,25 @@ def test_attention_dropout_is_applied_only_when_asked():
     base = FusedAttention()(q, k, v)
     torch.testing.assert_close(FusedAttention()(q, k, v, dropout=0.0), base)
     assert not torch.allclose(ReferenceAttention()(q, k, v, dropout=0.5), base)
+
+
+def test_swap_exact_kernels_changes_the_kernel_not_the_model():
+    from aiayn import SequenceClassifier, TransformerConfig
+    from aiayn.nn.attention.kernels import FusedAttention, ReferenceAttention, swap_exact_kernels
+
+    torch.manual_seed(0)
+    config = TransformerConfig.preset("tiny", vocab_size=50, num_labels=3, attention="fused")
+    model = SequenceClassifier(config).eval()
+    ids = torch.randint(3, 50, (4, 9))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1:, 6:] = False
+    before = model(ids, padding_mask=mask)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert swap_exact_kernels(model, "reference") == config.n_encoder_layers
+    assert all(type(m.kernel) is ReferenceAttention for m in model.modules() if hasattr(m, "kernel"))
+    torch.testing.assert_close(model(ids, padding_mask=mask), before, rtol=1e-5, atol=1e-6)
+    assert model.state_dict().keys() == state.keys()
+    swap_exact_kernels(model, "fused")
+    assert all(type(m.kernel) is FusedAttention for m in model.modules() if hasattr(m, "kernel"))
+    with pytest.raises(ValueError, match="between 'reference' and 'fused'"):
+        swap_exact_kernels(model, "linear")

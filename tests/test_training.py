@@ -266,6 +266,50 @@ def test_a_run_saved_before_a_config_field_existed_resumes(tmp_path):
     assert [p.name for p in list_checkpoints(tmp_path / "a" / "checkpoints")][-1] == "step-3"
 
 
+def test_lr_scales_multiply_the_learning_rate_of_matching_parameters(tmp_path):
+    """Adam's first update is lr * g / (|g| + eps): with lr_scales {"decoder.": 4} the decoder's
+    parameters move exactly 4x as far as without, every other parameter exactly as far."""
+    torch.manual_seed(0)  # as run() builds its model
+    start = Transformer(tiny_config()).state_dict()
+    moved = {}
+    for name, scales in (("plain", {}), ("scaled", {"decoder.": 4.0})):
+        model, _ = run(tmp_path, name, ReverseTask(),
+                       training_config(steps=1, lr_scales=scales, clip_norm=None))
+        moved[name] = {key: value.detach() - start[key]  # a tied matrix under its first name
+                       for key, value in model.named_parameters()}
+    scaled_any = False
+    for key, plain in moved["plain"].items():
+        factor = 4.0 if key.startswith("decoder.") else 1.0
+        torch.testing.assert_close(moved["scaled"][key], factor * plain, rtol=1e-5, atol=1e-6,
+                                   msg=key)
+        scaled_any |= factor == 4.0 and bool(plain.abs().max() > 0)
+    assert scaled_any
+
+
+def test_lr_scales_longest_prefix_wins_and_names_ignore_wrappers():
+    from aiayn.training.optimizer import lr_scale, plain_name
+
+    scales = {"encoder.": 2.0, "encoder.layers.1.": 5.0}
+    assert lr_scale("encoder.layers.1.ffn.w", scales) == 5.0
+    assert lr_scale("encoder.layers.0.ffn.w", scales) == 2.0
+    assert lr_scale("head.classifier.weight", scales) == 1.0
+    assert plain_name("module._orig_mod.head.classifier.weight") == "head.classifier.weight"
+    for bad in ({"": 2.0}, {"head.": 0.0}, {"head.": True}):
+        with pytest.raises(ValueError, match="lr_scales"):
+            training_config(lr_scales=bad)
+
+
+def test_a_run_with_lr_scales_resumes_exactly(tmp_path):
+    config = training_config(steps=6, save_every=2, lr_scales={"decoder.": 3.0})
+    full, _ = run(tmp_path, "full", ReverseTask(), config)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, "killed", ReverseTask(fail_at=5), config)
+    resumed, _ = run(tmp_path, "killed", ReverseTask(), config, model_seed=5)
+    assert train_losses(tmp_path / "killed") == train_losses(tmp_path / "full")
+    for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
 # --- checkpoints ----------------------------------------------------------------------------------
 def test_failed_checkpoint_write_leaves_the_previous_one_intact(tmp_path, monkeypatch):
     run(tmp_path, "a", ReverseTask(), training_config(steps=2, save_every=2))

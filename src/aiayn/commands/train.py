@@ -120,7 +120,11 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--accumulation", type=positive_int, default=1,
                        help="micro-batches per update (gradient normalised by their tokens)")
     group.add_argument("--clip-norm", type=float, default=None, help="gradient norm clipping")
-    group.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
+    group.add_argument("--autocast", choices=("bf16", "fp16", "auto", "none"), default=None,
+                       help="mixed precision: bf16, fp16 (with a gradient scaler), auto (bf16 "
+                            "where the device runs it natively: CUDA, or a CPU with AMX / "
+                            "AVX512-BF16) or none (float32; the default unless a task's recipe "
+                            "says otherwise)")
     group.add_argument("--nonfinite", choices=("skip", "raise"), default="skip",
                        help="a non-finite (inf/NaN) loss or gradient: skip that update (weights "
                        "unchanged, logged and counted) or stop with an error naming the step "
@@ -174,16 +178,22 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def training_config_from_args(args: argparse.Namespace, d_model: int):
-    from aiayn.training import Schedule, TrainingConfig
+    import torch
 
+    from aiayn.training import Schedule, TrainingConfig
+    from aiayn.training.precision import resolve_autocast
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     schedule = Schedule(kind=args.schedule, d_model=d_model, warmup=args.warmup,
                         factor=args.lr_factor, peak=args.lr, total=args.steps, floor=args.min_lr)
     best = None if args.best_metric in (None, "none") else args.best_metric
     return TrainingConfig(
         steps=args.steps, optimizer=args.optimizer, betas=tuple(args.betas), eps=args.adam_eps,
         weight_decay=args.weight_decay, decay_matrices_only=args.decay_matrices_only,
-        schedule=schedule, accumulation=args.accumulation,
-        clip_norm=args.clip_norm, autocast=args.autocast, eval_every=args.eval_every,
+        schedule=schedule, lr_scales=getattr(args, "lr_scales", None) or {},
+        accumulation=args.accumulation,
+        clip_norm=args.clip_norm, autocast=resolve_autocast(args.autocast, device),
+        eval_every=args.eval_every,
         save_every=args.save_every, log_every=args.log_every, keep_last=args.keep_last,
         average_last=args.average_last, best_metric=best, best_mode=args.best_mode,
         seed=args.seed, nonfinite=args.nonfinite, progress=not args.no_progress,

@@ -26,6 +26,7 @@ from aiayn.data.labelled_tsv import LabelledTexts
 from aiayn.data.labels import LABELS_FILE, LabelMap
 from aiayn.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
 from aiayn.models.encoder_only import SequenceClassifier
+from aiayn.nn.attention.kernels import swap_exact_kernels
 from aiayn.tasks.classification_metrics import ClassificationReport, classification_report
 from aiayn.tasks.pretrained import PretrainedEncoder
 
@@ -78,8 +79,12 @@ class ClassificationTask:
         pooling: "first" or "mean" (overrides the config's).
         trainable_layers: train only the top this many encoder layers and the head; the embeddings
             and the layers below keep their (pretrained) weights, and the backward pass stops
-            above them (None: train everything).
+            above them; "layers": every layer and the head, the embeddings stay (None: train
+            everything).
         data_info: described in run.json (data file, row counts).
+        training_attention: train with this exact attention kernel ("reference" or "fused") in
+            place of the config's (``swap_exact_kernels``: the same model, another speed); the
+            run's config, and so inference, keeps the config's kernel. None: no swap.
     """
 
     name = "classification"
@@ -89,7 +94,8 @@ class ClassificationTask:
                  seed: int = 0, device: str | torch.device = "cpu", label_smoothing: float = 0.0,
                  split: dict[str, Any] | None = None, pretrained: PretrainedEncoder | None = None,
                  pooling: str = "mean", data_info: dict[str, Any] | None = None,
-                 trainable_layers: int | None = None):
+                 trainable_layers: int | str | None = None,
+                 training_attention: str | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if not 0.0 <= label_smoothing < 1.0:
@@ -102,9 +108,12 @@ class ClassificationTask:
         self.device = torch.device(device)
         self.label_smoothing = label_smoothing
         self.split, self.pretrained, self.pooling = split, pretrained, pooling
-        if trainable_layers is not None and trainable_layers < 0:
-            raise ValueError(f"trainable_layers must be >= 0, got {trainable_layers}")
+        if trainable_layers is not None and trainable_layers != "layers" and not (
+                isinstance(trainable_layers, int) and trainable_layers >= 0):
+            raise ValueError(f"trainable_layers must be a count >= 0, 'layers' or None, got "
+                             f"{trainable_layers!r}")
         self.trainable_layers = trainable_layers
+        self.training_attention = training_attention
         self.data_info = data_info or {}
         self.train_ids = tokenizer.encode(train.texts, max_length=max_tokens)
         self.train_targets = encode_labels(labels, train)
@@ -133,12 +142,15 @@ class ClassificationTask:
             model.encoder.load_state_dict(self.pretrained.weights)
         if self.trainable_layers is not None:
             stack = model.encoder.encoder
-            if self.trainable_layers > len(stack.layers):
-                raise ValueError(f"cannot train the top {self.trainable_layers} layers of an "
-                                 f"encoder of {len(stack.layers)}")
-            for module in [stack.embeddings, *stack.layers[:len(stack.layers) -
-                                                            self.trainable_layers]]:
+            count = (len(stack.layers) if self.trainable_layers == "layers"
+                     else self.trainable_layers)
+            if count > len(stack.layers):
+                raise ValueError(f"cannot train the top {count} layers of an encoder of "
+                                 f"{len(stack.layers)}")
+            for module in [stack.embeddings, *stack.layers[:len(stack.layers) - count]]:
                 module.requires_grad_(False)
+        if self.training_attention is not None:
+            swap_exact_kernels(model, self.training_attention)
         return model
 
     # --- training -------------------------------------------------------------------------------

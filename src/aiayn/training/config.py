@@ -21,6 +21,10 @@ class TrainingConfig:
         decay_matrices_only: apply weight_decay only to parameters with 2+ dimensions (matrices
             and embeddings), not to biases and LayerNorm gains (GPT-2 / nanoGPT practice).
         schedule: the learning rate as a function of the step (paper: noam, warmup 4000).
+        lr_scales: parameter-name prefix -> factor on the schedule's learning rate for the
+            parameters whose names start with it (e.g. {"head.": 10.0}: a freshly initialised
+            classification head learns 10x faster than the pretrained encoder); the longest
+            matching prefix wins, other parameters get 1.
         accumulation: micro-batches per update; the gradient is normalised by their total units.
         clip_norm: clip the global gradient norm to this (None: no clipping).
         autocast: None (float32), "bf16" or "fp16" (fp16 adds a gradient scaler).
@@ -61,6 +65,7 @@ class TrainingConfig:
     weight_decay: float = 0.0
     decay_matrices_only: bool = False
     schedule: Schedule = field(default_factory=Schedule)
+    lr_scales: dict[str, float] = field(default_factory=dict)
     accumulation: int = 1
     clip_norm: float | None = None
     autocast: Literal["bf16", "fp16"] | None = None
@@ -93,6 +98,12 @@ class TrainingConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        self.lr_scales = dict(self.lr_scales)
+        for prefix, factor in self.lr_scales.items():
+            if not isinstance(prefix, str) or not prefix:
+                raise ValueError(f"lr_scales keys must be parameter-name prefixes, got {prefix!r}")
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+                raise ValueError(f"lr_scales[{prefix!r}] must be a positive number, got {factor!r}")
         if self.optimizer not in ("adam", "adamw"):
             raise ValueError(f"optimizer must be 'adam' or 'adamw', got {self.optimizer!r}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):

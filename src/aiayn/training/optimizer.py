@@ -22,14 +22,43 @@ def _fused_optimizer_applies(parameters: list[nn.Parameter]) -> bool:
         for p in parameters)
 
 
+# Segments that wrappers (DDP, torch.compile, activation checkpointing) add to parameter names.
+WRAPPER_SEGMENTS = ("module.", "_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
+
+
+def plain_name(name: str) -> str:
+    """A parameter's name as the bare model has it (wrapper segments removed)."""
+    for segment in WRAPPER_SEGMENTS:
+        name = name.replace(segment, "")
+    return name
+
+
+def lr_scale(name: str, scales: dict[str, float]) -> float:
+    """The factor on the learning rate of parameter ``name`` (as the bare model names it): that
+    of the longest prefix of ``scales`` it starts with, else 1."""
+    matches = [prefix for prefix in scales if name.startswith(prefix)]
+    return float(scales[max(matches, key=len)]) if matches else 1.0
+
+
 def make_optimizer(model: nn.Module, config: TrainingConfig) -> torch.optim.Optimizer:
     """The optimizer ``train`` builds for ``model``: Adam or AdamW with the config's settings over the
-    trainable parameters (matrices only decayed with ``decay_matrices_only``), torch's fused
-    implementation where it applies, at the schedule's step-1 learning rate."""
+    trainable parameters (matrices only decayed with ``decay_matrices_only``; with
+    ``config.lr_scales``, groups carrying an ``lr_scale`` the trainer applies to the schedule),
+    torch's fused implementation where it applies, at the schedule's step-1 learning rate."""
     optimizer_class = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    trainable = [p for _, p in named]
+    decay_all = not (config.decay_matrices_only and config.weight_decay)
     groups: Any = trainable
-    if config.decay_matrices_only and config.weight_decay:
+    if config.lr_scales:
+        by_key: dict[tuple[float, bool], list[nn.Parameter]] = {}
+        for name, p in named:  # in parameter order: the same groups in every process
+            key = (lr_scale(plain_name(name), config.lr_scales), decay_all or p.dim() >= 2)
+            by_key.setdefault(key, []).append(p)
+        groups = [{"params": params, "lr_scale": scale, "lr": config.schedule(1) * scale,
+                   **({} if decays else {"weight_decay": 0.0})}
+                  for (scale, decays), params in by_key.items()]
+    elif not decay_all:
         groups = [{"params": [p for p in trainable if p.dim() >= 2]},
                   {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
     return optimizer_class(groups, lr=config.schedule(1), betas=config.betas,

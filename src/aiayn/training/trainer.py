@@ -254,7 +254,7 @@ class Trainer:
         step = self.steps_done
         self.lr = config.schedule(step)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
+            group["lr"] = self.lr * group.get("lr_scale", 1.0)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         norm_now = config.clip_norm is not None or config.nonfinite == "skip" \

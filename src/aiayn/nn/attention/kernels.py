@@ -222,3 +222,23 @@ def make_kernel(config: "TransformerConfig", *, cross: bool = False) -> Attentio
     if cross and spec.build_cross is not None:
         return spec.build_cross(config)
     return spec.build(config)
+
+
+def swap_exact_kernels(model: nn.Module, name: str) -> int:
+    """Give every attention module of ``model`` whose kernel is "reference" or "fused" the kernel
+    ``name`` (one of those two) with the same scale; returns how many were swapped.
+
+    Both compute eq. 1 exactly, with the same masks and dropout, so the swap changes speed, not the
+    model: e.g. a bf16 backward pass on the CPU runs faster through the written-out kernel, while
+    inference is faster through the fused one. Kernels hold no parameters: the state dict is
+    unchanged."""
+    kinds = {"reference": ReferenceAttention, "fused": FusedAttention}
+    if name not in kinds:
+        raise ValueError(f"swap_exact_kernels swaps between 'reference' and 'fused', got {name!r}")
+    swapped = 0
+    for module in model.modules():
+        kernel = getattr(module, "kernel", None)
+        if type(kernel) in kinds.values():
+            module.kernel = kinds[name](kernel.scale)
+            swapped += 1
+    return swapped
