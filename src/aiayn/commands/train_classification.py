@@ -80,7 +80,8 @@ def _describe_recipes(parser: argparse.ArgumentParser) -> None:
             scratch, tuned = FROM_SCRATCH[action.dest], FINE_TUNING[action.dest]
             action.help = (f"{action.help or ''} (default: {scratch} from scratch or an aiayn "
                            f"run, {tuned} with --init a Hugging Face checkpoint)"
-                           ).replace("%", "%%").lstrip(" ")
+                           ).replace("%", "%%").lstrip(" ") + "%(default).0s"
+            # (the zero-width %(default) keeps argparse from appending "(default: None)")
 
 
 def _layer_count(text: str) -> int | str:
