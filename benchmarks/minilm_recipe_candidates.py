@@ -30,6 +30,8 @@ def main() -> None:
                         help="'all' (embeddings too), 'layers' (embeddings frozen) or top K")
     parser.add_argument("--lr", type=float, default=1.5e-4)
     parser.add_argument("--head-lr", type=float, default=None, help="default: --lr")
+    parser.add_argument("--layer-lr-decay", type=float, default=1.0,
+                        help="layer i of L trains at lr * decay^(L-1-i) (1: the same lr)")
     parser.add_argument("--tokens", type=int, default=192)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--epochs", type=float, default=3.0)
@@ -80,11 +82,16 @@ def main() -> None:
                                        labels.names)
         return round(report.accuracy, 4), round(report.macro_f1, 4)
 
-    head = [p for p in model.head.parameters()]
-    body = [p for name, p in model.named_parameters()
-            if p.requires_grad and not name.startswith("head.")]
-    groups = [{"params": body, "base": args.lr},
-              {"params": head, "base": args.head_lr or args.lr}]
+    layers = model.encoder.encoder.layers
+    groups = [{"params": list(model.head.parameters()), "base": args.head_lr or args.lr}]
+    for index, layer in enumerate(layers):
+        decay = args.layer_lr_decay ** (len(layers) - 1 - index)
+        groups.append({"params": [p for p in layer.parameters() if p.requires_grad],
+                       "base": args.lr * decay})
+    grouped = {id(p) for group in groups for p in group["params"]}
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in grouped]
+    groups.append({"params": rest, "base": args.lr * args.layer_lr_decay ** len(layers)})
+    groups = [group for group in groups if group["params"]]
     optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
     per_epoch = math.ceil(len(task.train_ids) / args.batch_size)
     total = int(args.epochs * per_epoch)
