@@ -287,13 +287,18 @@ def test_lr_scales_multiply_the_learning_rate_of_matching_parameters(tmp_path):
 
 
 def test_lr_scales_longest_prefix_wins_and_names_ignore_wrappers():
-    from aiayn.training.optimizer import lr_scale, plain_name
+    from aiayn.training.optimizer import lr_scale, make_optimizer
 
     scales = {"encoder.": 2.0, "encoder.layers.1.": 5.0}
     assert lr_scale("encoder.layers.1.ffn.w", scales) == 5.0
     assert lr_scale("encoder.layers.0.ffn.w", scales) == 2.0
     assert lr_scale("head.classifier.weight", scales) == 1.0
-    assert plain_name("module._orig_mod.head.classifier.weight") == "head.classifier.weight"
+    compiled = torch.compile(Transformer(tiny_config()))  # names gain "_orig_mod."; not run
+    optimizer = make_optimizer(compiled, training_config(lr_scales={"decoder.": 4.0}))
+    decoder = {id(p) for name, p in compiled._orig_mod.named_parameters()
+               if name.startswith("decoder.")}  # a tied matrix under its first name
+    for group in optimizer.param_groups:
+        assert group["lr_scale"] == (4.0 if id(group["params"][0]) in decoder else 1.0)
     for bad in ({"": 2.0}, {"head.": 0.0}, {"head.": True}):
         with pytest.raises(ValueError, match="lr_scales"):
             training_config(lr_scales=bad)

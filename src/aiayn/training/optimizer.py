@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from aiayn.training.config import TrainingConfig
+from aiayn.training.weights import unwrap
 
 
 def _fused_optimizer_applies(parameters: list[nn.Parameter]) -> bool:
@@ -22,20 +23,9 @@ def _fused_optimizer_applies(parameters: list[nn.Parameter]) -> bool:
         for p in parameters)
 
 
-# Segments that wrappers (DDP, torch.compile, activation checkpointing) add to parameter names.
-WRAPPER_SEGMENTS = ("module.", "_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
-
-
-def plain_name(name: str) -> str:
-    """A parameter's name as the bare model has it (wrapper segments removed)."""
-    for segment in WRAPPER_SEGMENTS:
-        name = name.replace(segment, "")
-    return name
-
-
 def lr_scale(name: str, scales: dict[str, float]) -> float:
-    """The factor on the learning rate of parameter ``name`` (as the bare model names it): that
-    of the longest prefix of ``scales`` it starts with, else 1."""
+    """The factor on the learning rate of parameter ``name`` (as the unwrapped model names it):
+    that of the longest prefix of ``scales`` it starts with, else 1."""
     matches = [prefix for prefix in scales if name.startswith(prefix)]
     return float(scales[max(matches, key=len)]) if matches else 1.0
 
@@ -46,14 +36,16 @@ def make_optimizer(model: nn.Module, config: TrainingConfig) -> torch.optim.Opti
     ``config.lr_scales``, groups carrying an ``lr_scale`` the trainer applies to the schedule),
     torch's fused implementation where it applies, at the schedule's step-1 learning rate."""
     optimizer_class = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    # Names as the bare model has them (DDP and torch.compile wrappers add a prefix); the same
+    # parameters in the same order as model.parameters().
+    named = [(name, p) for name, p in unwrap(model).named_parameters() if p.requires_grad]
     trainable = [p for _, p in named]
     decay_all = not (config.decay_matrices_only and config.weight_decay)
     groups: Any = trainable
     if config.lr_scales:
         by_key: dict[tuple[float, bool], list[nn.Parameter]] = {}
         for name, p in named:  # in parameter order: the same groups in every process
-            key = (lr_scale(plain_name(name), config.lr_scales), decay_all or p.dim() >= 2)
+            key = (lr_scale(name, config.lr_scales), decay_all or p.dim() >= 2)
             by_key.setdefault(key, []).append(p)
         groups = [{"params": params, "lr_scale": scale, "lr": config.schedule(1) * scale,
                    **({} if decays else {"weight_decay": 0.0})}

@@ -40,7 +40,7 @@ def unique_tensors(model: nn.Module) -> dict[str, Tensor]:
     names goes into the file's metadata: safetensors writes that map in a random order, and the
     same weights must give the same bytes (checksums, bit-identical resume)."""
     groups: dict[tuple, list[str]] = {}
-    state = _unwrap(model).state_dict()
+    state = unwrap(model).state_dict()
     for name, tensor in state.items():
         key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
                tuple(tensor.shape), tensor.dtype)
@@ -73,7 +73,7 @@ def load_weights(model: nn.Module, path: str | Path, *, sha256: str | None = Non
 
 def assign_weights(model: nn.Module, tensors: Mapping[str, Tensor], *, source: str) -> None:
     """Copy ``tensors`` (safetensors names: tied matrices under one of their names) into ``model``."""
-    model = _unwrap(model)
+    model = unwrap(model)
     state = model.state_dict(keep_vars=True)
     # Tied parameters appear under several names in state_dict but once in the file.
     by_storage: dict[int, list[str]] = {}
@@ -108,7 +108,7 @@ def assign_weights(model: nn.Module, tensors: Mapping[str, Tensor], *, source: s
             state[names[0]].copy_(tensors[name])
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap(model: nn.Module) -> nn.Module:
     """The module inside a DistributedDataParallel / compiled wrapper."""
     model = getattr(model, "module", model)
     return getattr(model, "_orig_mod", model)
