@@ -178,12 +178,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def training_config_from_args(args: argparse.Namespace, d_model: int):
-    import torch
-
     from aiayn.training import Schedule, TrainingConfig
+    from aiayn.training.devices import default_device
     from aiayn.training.precision import resolve_autocast
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(args.device)
     schedule = Schedule(kind=args.schedule, d_model=d_model, warmup=args.warmup,
                         factor=args.lr_factor, peak=args.lr, total=args.steps, floor=args.min_lr)
     best = None if args.best_metric in (None, "none") else args.best_metric

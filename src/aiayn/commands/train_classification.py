@@ -152,11 +152,12 @@ def make_task(args: argparse.Namespace):
     from aiayn.tasks.classification import ClassificationTask
     from aiayn.tasks.pretrained import load_pretrained_encoder
     from aiayn.training.checkpoint import sha256_file
+    from aiayn.training.devices import default_device
     from aiayn.training.precision import resolve_autocast
 
     max_tokens_given = args.max_tokens is not None
     fine_tuning = apply_recipe(args)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(args.device)
     if not args.head_lr_scale > 0:
         raise ValueError(f"--head-lr-scale must be positive, got {args.head_lr_scale}")
     args.lr_scales = {} if args.head_lr_scale == 1 else {"head.": args.head_lr_scale}

@@ -41,13 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def make_task(args: argparse.Namespace):
-    import torch
-
     from aiayn.commands.train import parse_overrides
     from aiayn.config import TransformerConfig
     from aiayn.data.images import load_images, split_images
     from aiayn.data.labels import LabelMap
     from aiayn.tasks.image_classification import ImageClassificationTask
+    from aiayn.training.devices import default_device
 
     config = TransformerConfig.preset(args.preset, **parse_overrides(args.set))
     data = load_images(args.data, image_size=config.image_size, channels=config.num_channels)
@@ -62,7 +61,7 @@ def make_task(args: argparse.Namespace):
     if len(labels) < 2:
         raise ValueError(f"{args.data}: classification needs at least 2 classes, found only "
                          f"{list(labels.names)}")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(args.device)
     counts = {name: len(part) for name, part in parts.items()}
     print(f"image-classification: {args.data}: {counts['train']} train / {counts['valid']} valid "
           f"/ {counts['test']} test images of {config.image_size}x{config.image_size}x"

@@ -48,13 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def make_task(args: argparse.Namespace):
-    import torch
-
     from aiayn.data.masking import MaskingRule
     from aiayn.data.text_corpus import read_texts
     from aiayn.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
     from aiayn.tasks.masked_lm import MaskedLMTask
     from aiayn.training.checkpoint import sha256_file
+    from aiayn.training.devices import default_device
 
     if not 0.0 < args.valid_fraction < 1.0:
         raise ValueError(f"--valid-fraction must be in (0, 1), got {args.valid_fraction}")
@@ -86,7 +85,7 @@ def make_task(args: argparse.Namespace):
     return MaskedLMTask(
         train=train, valid=valid, tokenizer=tokenizer, max_tokens=args.max_tokens,
         batch_size=args.batch_size, seed=args.seed,
-        device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        device=default_device(args.device),
         rule=MaskingRule(probability=args.mask_probability),
         data_info={"data": str(args.data), "data_sha256": sha256_file(args.data),
                    "texts": {"train": len(train), "valid": len(valid)},

@@ -29,6 +29,7 @@ from aiayn.models import CausalLM
 from aiayn.tasks.checkpoints import TextTokenizer, load_pretrained_tokenizer, save_pretrained_tokenizer
 from aiayn.tasks.pretrained import PretrainedModel
 from aiayn.training.chunked_loss import chunks_loss, projected_loss
+from aiayn.training.devices import default_device
 
 
 def token_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
@@ -116,7 +117,7 @@ class LanguageModelTask:
         self.batch_size, self.block_size = batch_size, block_size
         self.batches_per_epoch = batches_per_epoch
         self.eval_batch_size, self.seed = eval_batch_size, seed
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(default_device(device))
 
     def model_config(self, base: TransformerConfig) -> TransformerConfig:
         """The preset with this text's vocabulary; the context is ``block_size`` (or the preset's)."""

@@ -28,6 +28,7 @@ from aiayn.config import TransformerConfig
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer
 from aiayn.models import Transformer
 from aiayn.tasks.translation import PairBatches
+from aiayn.training.devices import default_device
 
 KINDS = ("translation", "classification")
 PREFIXES_FILE = "prefixes.json"
@@ -82,7 +83,7 @@ class TextToTextTask(PairBatches):
         self.pad_id, self.start_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
         self.max_tokens, self.max_length = max_tokens, max_length
         self.label_smoothing, self.valid_sentences, self.seed = label_smoothing, valid_sentences, seed
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(default_device(device))
         self.train_source, self.train_target = self._encode(train)
         self.filtered = len(train) - len(self.train_source)
         self.valid = list(valid)

@@ -27,6 +27,7 @@ from aiayn.tasks.checkpoints import (Seq2SeqTokenizer, load_pretrained_tokenizer
                                      save_pretrained_tokenizer)
 from aiayn.tasks.pretrained import PretrainedModel
 from aiayn.training.chunked_loss import projected_loss
+from aiayn.training.devices import default_device
 from aiayn.training.loss import label_smoothed_cross_entropy
 
 
@@ -121,7 +122,7 @@ class TranslationTask(PairBatches):
         if not splits["train"]:
             raise ValueError(f"{data[0]}: no training pairs")
         self.max_tokens, self.label_smoothing, self.seed = max_tokens, label_smoothing, seed
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(default_device(device))
         saved = Path(run_dir) / TOKENIZER_FILE if run_dir is not None else None
         self.pretrained = pretrained
         self.pad_id, self.start_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID

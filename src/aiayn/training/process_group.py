@@ -24,6 +24,8 @@ from datetime import timedelta
 import torch
 from torch import distributed as dist
 
+from aiayn.training.devices import default_device
+
 
 def world_size_from_env() -> int:
     """WORLD_SIZE set by torchrun (1 when launched as a plain process)."""
@@ -36,8 +38,7 @@ def world_size_from_env() -> int:
 
 def rank_device(device: str | None) -> str:
     """The device this rank trains on: "cuda" (or None with a GPU) becomes cuda:LOCAL_RANK."""
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device(device)
     parsed = torch.device(device)
     if parsed.type == "cuda" and parsed.index is None:
         return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"

@@ -30,6 +30,7 @@ from aiayn.training.batch_stream import BatchStream
 from aiayn.training.checkpoint import (list_checkpoints, read_checkpoint, remove_checkpoint,
                                        remove_temporaries, write_checkpoint)
 from aiayn.training.config import TrainingConfig
+from aiayn.training.devices import default_device
 from aiayn.training.distributed import Parallel, rank_seed
 from aiayn.training.optimizer import make_optimizer
 from aiayn.training.rank_agreement import data_fingerprint, parameter_fingerprint
@@ -95,8 +96,7 @@ class Trainer:
         if checkpoints:
             check_resumable(self.run_dir, task.name, self.model_config.to_dict())
 
-        default_device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(config.device if config.device is not None else default_device)
+        self.device = torch.device(default_device(config.device))
         # All three generators (the checkpoint saves all three): a fresh run is a function of the
         # seed alone, so a killed-and-resumed run ends bit-identical to an uninterrupted one.
         torch.manual_seed(config.seed)
