@@ -19,7 +19,7 @@ import os
 import pickle
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch

@@ -1,7 +1,6 @@
 """Collecting attention, heatmaps, the paper's plots and the HTML report on tiny models."""
 
 import json
-import math
 import shutil
 import subprocess
 

@@ -9,7 +9,6 @@ the image (``aiayn.visualise.image_attention``).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 TEXT_OPTIONS = (("target", "--target"), ("tokenizer", "--tokenizer"), ("html", "--html"))
