@@ -193,6 +193,8 @@ def test_mlm_run_trains_and_evaluates(mlm_run, data, capsys):
     assert main(["evaluate", str(mlm_run), "--data", str(data)]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["task"] == "mlm" and result["texts"] == 90 and result["loss"] > 0
+    assert main(["evaluate", str(mlm_run), "--data", str(data), "--split", "valid"]) == 1
+    assert "--split 'valid' is not supported" in capsys.readouterr().err
 
 
 def test_classifier_starts_from_the_mlm_encoder(mlm_run, data, tmp_path):

@@ -206,6 +206,27 @@ def test_train_generate_evaluate_end_to_end(text_file, tmp_path, capsys):
     assert valid["loss"] == pytest.approx(summary["loss"], rel=1e-5)  # what training reported
 
 
+
+def test_evaluate_splits_the_text_as_the_run_did(text_file, tmp_path, capsys):
+    """--split valid / train follow the run's --valid-fraction; a split plain text lacks is an
+    error, not the whole file under another name."""
+    run_dir = tmp_path / "run"
+    assert main(["train", "lm", "--data", str(text_file), "--out", str(run_dir), "--steps", "2",
+                 "--eval-every", "2", "--save-every", "0", "--valid-fraction", "0.3", *TINY]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    train_text, valid_text = split_text(TEXT, 0.3)
+    results = {}
+    for split in ("valid", "train", "all"):
+        assert main(["evaluate", str(run_dir), "--data", str(text_file), "--split", split]) == 0
+        results[split] = json.loads(capsys.readouterr().out)
+        assert results[split]["split"] == split
+    assert results["valid"]["loss"] == pytest.approx(summary["loss"], rel=1e-5)
+    assert results["valid"]["tokens"] == len(valid_text) - 1
+    assert results["train"]["tokens"] == len(train_text) - 1
+    assert results["all"]["tokens"] == len(TEXT) - 1
+    assert main(["evaluate", str(run_dir), "--data", str(text_file), "--split", "test"]) == 1
+    assert "plain text has no 'test' split" in capsys.readouterr().err
+
 def test_generate_options_stop_strings_long_prompts_and_batches(text_file, tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert main(["train", "lm", "--data", str(text_file), "--out", str(run_dir), "--steps", "2",

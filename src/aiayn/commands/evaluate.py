@@ -24,8 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--data", required=True, nargs="+", metavar="PATH",
                         help="evaluation data in the task's format (translation: a TSV, or a "
                              "source and a target file)")
-    parser.add_argument("--split", default="test",
-                        help="rows of this split when the data has a split column ('all': all)")
+    parser.add_argument("--split", default=None,
+                        help="rows of this split when the data has one ('all': every row; default: "
+                             "test). A language model's plain text: train / valid (the run's "
+                             "split) or all (the default)")
     parser.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, default=0.6, help="length penalty (GNMT)")
     parser.add_argument("--max-tokens", type=positive_int, default=4000,
@@ -52,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     module = task_module(task) if task != "encoder" else None
     if not hasattr(module, "evaluate"):
         raise ValueError(f"task {task!r} has no evaluation command")
+    if args.split is None:
+        args.split = getattr(module, "EVALUATION_SPLIT", "test")
     result = module.evaluate(args)
     print(json.dumps(result))
     return 0

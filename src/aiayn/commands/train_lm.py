@@ -23,6 +23,9 @@ from typing import Any
 # unchanged, so the two differ only in the network.
 PEAK_LR = {"baby-gpt": 1e-3, "char-gpt": 3e-3, "llama-char": 3e-3}
 DEFAULT_LR = 1e-3
+# What `aiayn evaluate --split` can name for plain text, and what it scores when not given.
+EVALUATION_SPLITS = ("all", "train", "valid")
+EVALUATION_SPLIT = "all"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,19 +75,24 @@ def make_task(args: argparse.Namespace):
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    """Loss, perplexity and bits per character of RUN_DIR's model on ``--data`` (the whole file;
-    ``--split valid`` / ``--split train``: its last 10% / first 90%, as in training)."""
+    """Loss, perplexity and bits per character of RUN_DIR's model on ``--data``: the whole file, or
+    with ``--split valid`` / ``--split train`` its last ``valid_fraction`` / the rest, as the run
+    split it in training."""
     import torch
 
     from aiayn.data.text import CharVocabulary, read_text, split_text
     from aiayn.tasks.lm import evaluate_ids
     from aiayn.tasks.checkpoints import load_model_dir
 
+    if args.split not in EVALUATION_SPLITS:
+        raise ValueError(f"--split must be one of {', '.join(EVALUATION_SPLITS)} for a language "
+                         f"model (plain text has no {args.split!r} split), got {args.split!r}")
     run = load_model_dir(args.run_dir, task="lm")
     path = Path(args.data[0])
     text = read_text(path)
-    if args.split in ("train", "valid"):
-        train_text, valid_text = split_text(text, 0.1)
+    if args.split != "all":  # older runs and checkpoints: aiayn train lm's default fraction
+        fraction = (run.info.get("assets") or {}).get("valid_fraction", 0.1)
+        train_text, valid_text = split_text(text, fraction)
         text = train_text if args.split == "train" else valid_text
     if args.limit is not None:
         text = text[:args.limit]
@@ -94,5 +102,4 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     metrics = evaluate_ids(model, ids, block_size=run.model_config.max_length, device=device)
     if not isinstance(run.assets, CharVocabulary):  # subword tokens: bits per token, not per char
         metrics["bits_per_token"] = metrics.pop("bpc")
-    split = args.split if args.split in ("train", "valid") else "all"
-    return {"task": "lm", "data": str(path), "split": split, **metrics}
+    return {"task": "lm", "data": str(path), "split": args.split, **metrics}

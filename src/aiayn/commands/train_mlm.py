@@ -19,6 +19,8 @@ DEFAULTS = dict(preset="encoder-small", steps=2000, optimizer="adamw", betas=(0.
                 adam_eps=1e-8, weight_decay=0.01, schedule="warmup_cosine", warmup=100, lr=1e-3,
                 min_lr=1e-5, clip_norm=1.0, eval_every=250, save_every=250, keep_last=2,
                 best_metric="loss", best_mode="min")
+# `aiayn evaluate` scores every text of the file (its only split).
+EVALUATION_SPLIT = "all"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +107,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
     if len(args.data) != 1:
         raise ValueError(f"mlm evaluates one text file, got {len(args.data)} paths")
+    if args.split != EVALUATION_SPLIT:
+        raise ValueError(f"a masked-LM run is evaluated on every text of --data; --split "
+                         f"{args.split!r} is not supported (leave --split out)")
     run = load_model_dir(args.run_dir, task="mlm")
     texts = list(read_texts(args.data[0]))
     if args.limit:
@@ -114,4 +119,4 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                         max_tokens=run.assets.max_tokens, device=args.device)
     with torch.no_grad():
         metrics = task.evaluate(run.model)
-    return {"task": "mlm", "data": args.data[0], "texts": len(texts), **metrics}
+    return {"task": "mlm", "data": args.data[0], "split": "all", "texts": len(texts), **metrics}

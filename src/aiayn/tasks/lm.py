@@ -109,6 +109,7 @@ class LanguageModelTask:
         self.pretrained = pretrained
         self.vocabulary = pretrained.tokenizer if pretrained else CharVocabulary.from_text(text)
         train_text, valid_text = split_text(text, valid_fraction)
+        self.valid_fraction = valid_fraction
         where = str(self.path)
         self.train_ids = torch.tensor(self.vocabulary.encode(train_text, source=where),
                                       dtype=torch.long)
@@ -170,10 +171,10 @@ class LanguageModelTask:
         if isinstance(self.vocabulary, TextTokenizer):  # a checkpoint's: its files, as they are
             return {**save_pretrained_tokenizer(self.vocabulary, run_dir), "kind": "pretrained",
                     "size": len(self.vocabulary), "data": str(self.path),
-                    "init": self.pretrained.source}
+                    "valid_fraction": self.valid_fraction, "init": self.pretrained.source}
         self.vocabulary.save(run_dir)
         return {"vocabulary": CharVocabulary.FILE, "kind": "char", "size": len(self.vocabulary),
-                "data": str(self.path),
+                "data": str(self.path), "valid_fraction": self.valid_fraction,
                 "init": self.pretrained.source if self.pretrained else None}
 
     @classmethod
