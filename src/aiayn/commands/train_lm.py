@@ -80,7 +80,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     split it in training."""
     import torch
 
-    from aiayn.data.text import CharVocabulary, read_text, split_text
+    from aiayn.data.text import VALID_FRACTION, CharVocabulary, read_text, split_text
     from aiayn.tasks.lm import evaluate_ids
     from aiayn.tasks.checkpoints import load_model_dir
 
@@ -91,7 +91,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.data[0])
     text = read_text(path)
     if args.split != "all":  # older runs and checkpoints: aiayn train lm's default fraction
-        fraction = (run.info.get("assets") or {}).get("valid_fraction", 0.1)
+        fraction = (run.info.get("assets") or {}).get("valid_fraction", VALID_FRACTION)
         train_text, valid_text = split_text(text, fraction)
         text = train_text if args.split == "train" else valid_text
     if args.limit is not None:

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
-from aiayn.data.text import (CharVocabulary, check_length, contiguous_blocks, random_blocks,
-                             read_text, split_text)
+from aiayn.data.text import (VALID_FRACTION, CharVocabulary, check_length, contiguous_blocks,
+                             random_blocks, read_text, split_text)
 from aiayn.models import CausalLM
 from aiayn.tasks.checkpoints import TextTokenizer, load_pretrained_tokenizer, save_pretrained_tokenizer
 from aiayn.tasks.pretrained import PretrainedModel
@@ -96,7 +96,7 @@ class LanguageModelTask:
     name = "lm"
 
     def __init__(self, data: str | Path, *, batch_size: int = 12, block_size: int | None = None,
-                 valid_fraction: float = 0.1, batches_per_epoch: int | None = None,
+                 valid_fraction: float = VALID_FRACTION, batches_per_epoch: int | None = None,
                  eval_batch_size: int = 64, seed: int = 0, device: str | None = None,
                  pretrained: PretrainedModel | None = None):
         for field, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
