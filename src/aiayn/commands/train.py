@@ -156,6 +156,25 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--best-mode", choices=("min", "max"), default="min")
 
 
+def describe_recipes(parser: argparse.ArgumentParser, recipes: dict[str, dict[str, Any]]) -> None:
+    """Say every recipe's value in the help of each option the recipes set, e.g. ``recipes={"on
+    the CPU": {...}, "on CUDA": {...}}`` -> "(default: 3000 on the CPU, 20000 on CUDA)"."""
+    names = set().union(*(recipe.keys() for recipe in recipes.values()))
+    for action in parser._actions:
+        if action.dest in names:
+            defaults = ", ".join(f"{recipe[action.dest]} {when}" for when, recipe in recipes.items())
+            action.help = (f"{action.help or ''} (default: {defaults})").replace("%", "%%"
+                                                                                ).lstrip(" ")
+            action.help += "%(default).0s"  # zero-width: argparse appends no "(default: None)"
+
+
+def fill_unset(args: argparse.Namespace, recipe: dict[str, Any]) -> None:
+    """Give each of ``recipe``'s settings that the command line left unset (None) its value."""
+    for name, value in recipe.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``["dropout=0.2", "activation=gelu"]`` -> {"dropout": 0.2, "activation": "gelu"}."""
     import dataclasses

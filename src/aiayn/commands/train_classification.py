@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aiayn.commands.train import describe_recipes, fill_unset
+
 BUNDLED_DATA = Path(__file__).resolve().parents[3] / "data" / "debian_sections_topical.tsv.gz"
 
 # Training defaults for classification (the shared defaults are the paper's translation settings):
@@ -70,18 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(every layer and the head; the embeddings stay) or 'all'")
     group.add_argument("--head-lr-scale", type=float, default=None, metavar="F",
                        help="the classification head's learning rate is F times the schedule's")
-    _describe_recipes(parser)
-
-
-def _describe_recipes(parser: argparse.ArgumentParser) -> None:
-    """Say both defaults in the help of each option the two recipes set."""
-    for action in parser._actions:
-        if action.dest in FROM_SCRATCH:
-            scratch, tuned = FROM_SCRATCH[action.dest], FINE_TUNING[action.dest]
-            action.help = (f"{action.help or ''} (default: {scratch} from scratch or an aiayn "
-                           f"run, {tuned} with --init a Hugging Face checkpoint)"
-                           ).replace("%", "%%").lstrip(" ") + "%(default).0s"
-            # (the zero-width %(default) keeps argparse from appending "(default: None)")
+    describe_recipes(parser, {"from scratch or an aiayn run": FROM_SCRATCH,
+                              "with --init a Hugging Face checkpoint": FINE_TUNING})
 
 
 def _layer_count(text: str) -> int | str:
@@ -104,10 +96,7 @@ def apply_recipe(args: argparse.Namespace) -> bool:
     from aiayn.training.run import RUN_FILE
 
     pretrained = args.init is not None and not (Path(args.init) / RUN_FILE).is_file()
-    recipe = FINE_TUNING if pretrained else FROM_SCRATCH
-    for name, value in recipe.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
+    fill_unset(args, FINE_TUNING if pretrained else FROM_SCRATCH)
     return pretrained
 
 
