@@ -2,6 +2,7 @@
 
     python3 benchmarks/gpu.py [--only ROW ...]      # CUDA device 0; writes benchmarks/results/gpu.json
     python3 benchmarks/gpu.py --device cpu --tiny  # small shapes on the CPU: checks the program runs
+    python3 benchmarks/gpu.py --only greedy1 beam --profile  # also what one call of each side runs
 
 Rows (each side in one process, alternating after a warm-up, medians, a device synchronisation
 after every call; the first call, which compiles where a side compiles, is timed apart):
@@ -318,6 +319,49 @@ def peak_above_resident(call, device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device) - before
 
 
+# --- profiles -------------------------------------------------------------------------------------
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+               "cudaMemcpy", "cudaMemcpyAsync")
+
+
+def profile_call(call, device: torch.device, top: int = 15) -> dict:
+    """What one call runs, from ``torch.profiler``: its wall time, the device's busy time (the sum
+    of the kernels' times: far below the wall time means the host, not the device, sets the pace),
+    kernel launches, host-device copies and syncs, and the ``top`` kernels by total time (on the
+    CPU: operators by self time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        call()
+        synchronize(device)
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    if cuda:
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        time_of = lambda e: e.self_device_time_total  # noqa: E731 - microseconds
+    else:
+        kernels = [e for e in events if e.self_cpu_time_total > 0]
+        time_of = lambda e: e.self_cpu_time_total  # noqa: E731
+    kernels.sort(key=time_of, reverse=True)
+    host = {e.key: e.count for e in events if e.key in SYNC_EVENTS}
+    return dict(wall_ms=1000 * wall, busy_ms=sum(time_of(e) for e in kernels) / 1000,
+                launches=sum(e.count for e in kernels), host_calls=host,
+                top=[dict(name=e.key[:120], count=e.count, ms=time_of(e) / 1000)
+                     for e in kernels[:top]])
+
+
+def safe_profile(call, device: torch.device) -> dict:
+    """``profile_call``, or the error it raised: a profile never costs a row its measurements."""
+    try:
+        return profile_call(call, device)
+    except Exception:  # noqa: BLE001 - recorded, and the row keeps its timings
+        return dict(error=traceback.format_exc()[-2000:])
+
+
 # --- the rows -------------------------------------------------------------------------------------
 def units(row: str, shapes: Shapes) -> tuple[int, str, str]:
     """Units a call processes, their name, and the row's shape label."""
@@ -379,6 +423,10 @@ def run_row(row: str, args: argparse.Namespace, shapes: Shapes, device: torch.de
         if row in ("greedy1", "greedy8"):
             entry["same_tokens"] = (outputs[ours].cpu() == outputs[peer].cpu()).float().mean().item()
         entries.append(entry)
+    if args.profile:
+        profiles = {name: safe_profile(sides[name], device) for name in names}
+        for entry in entries:
+            entry.update(ours_profile=profiles[entry["ours"]], peer_profile=profiles[entry["peer"]])
     return entries
 
 
@@ -396,6 +444,15 @@ def print_row(row: dict) -> None:
           f"{row['ours_value']:10.0f} / {row['peer_value']:10.0f} {row['metric']}  "
           f"({row['ours_ms']:.2f} / {row['peer_ms']:.2f} ms)  ratio {row['ratio']:.3f}{mfu}  "
           f"step peak MiB {mib(row['ours_memory'])} / {mib(row['peer_memory'])}{same}", flush=True)
+    for side in ("ours", "peer"):
+        profile = row.get(f"{side}_profile")
+        if profile and "error" in profile:
+            print(f"  {row[side]}: profile failed: {profile['error'].splitlines()[-1]}", flush=True)
+        elif profile:
+            print(f"  {row[side]}: wall {profile['wall_ms']:.1f} ms, busy {profile['busy_ms']:.1f} "
+                  f"ms, {profile['launches']} launches, {profile['host_calls']}; top: "
+                  + ", ".join(f"{k['name'][:40]} x{k['count']} {k['ms']:.1f} ms"
+                              for k in profile["top"][:5]), flush=True)
 
 
 def main(argv: list[str]) -> None:
@@ -406,6 +463,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--row-budget-s", type=float, default=None,
                         help="stop a row's timing rounds (after 3) once this many seconds are spent")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one call of each side (torch.profiler: device busy "
+                             "time, launches, syncs, top kernels) into the results")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "gpu.json")
     args = parser.parse_args(argv)
     device = torch.device(args.device)

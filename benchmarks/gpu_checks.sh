@@ -25,14 +25,16 @@ step() {  # step NAME SECONDS COMMAND...: run it under its limit, its output in 
     timeout "$limit" "$@" > "$out/$name.txt" 2>&1 || { status=1; echo "   failed or timed out"; }
     grep -v -i 'warn' "$out/$name.txt" | tail -n 12
 }
-bench() {  # bench NAME SECONDS ROWS...: benchmarks/gpu.py on those rows, JSON in $out/NAME.json
+bench() {  # bench NAME SECONDS ROWS... [--profile]: benchmarks/gpu.py, JSON in $out/NAME.json
     local name=$1 limit=$2
     shift 2
-    step "$name" "$limit" python3 benchmarks/gpu.py --device "$device" "${shapes[@]}" --only "$@" \
-        --rounds 6 --row-budget-s 20 --out "$out/$name.json"
+    step "$name" "$limit" python3 benchmarks/gpu.py --device "$device" "${shapes[@]}" \
+        --rounds 6 --row-budget-s 20 --out "$out/$name.json" --only "$@"
 }
-bench lm_train 200 lm_train
-bench decoding 140 greedy1 greedy8 sample8
+# Limits from the last H100 run: lm_train took 69 s, greedy1 86 s and greedy8 + sample8 108 s,
+# the three others 79 s. The decoding rows also profile each side (--profile: what bounds a token).
+bench lm_train 110 lm_train
+bench decoding 220 greedy1 greedy8 sample8 --profile
 step device_tests 80 python3 -m pytest -q -p no:cacheprovider -x tests/test_devices.py
-bench others 130 seq2seq_train beam encoder
+bench others 130 seq2seq_train beam encoder --profile
 exit $status

@@ -60,3 +60,23 @@ def test_asking_for_cuda_without_one_is_a_clear_error(tmp_path):
     completed = _run("--out", str(tmp_path / "x.json"))
     assert completed.returncode == 2
     assert "no CUDA device here" in completed.stderr
+
+
+@pytest.mark.slow
+def test_profile_records_what_each_side_runs(tmp_path):
+    """--profile: for both sides of a row, the wall and busy time of one call, its launches and the
+    top kernels (on the CPU: operators), each with a count and a time."""
+    out = tmp_path / "gpu.json"
+    completed = _run("--device", "cpu", "--tiny", "--rounds", "1", "--only", "greedy1",
+                     "--profile", "--out", str(out))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 3
+    for row in rows:
+        for side in ("ours_profile", "peer_profile"):
+            profile = row[side]
+            assert 0 < profile["busy_ms"] and 0 < profile["wall_ms"] and profile["launches"] > 0
+            assert profile["top"] and all(k["count"] > 0 and k["ms"] >= 0 for k in profile["top"])
+            assert [k["ms"] for k in profile["top"]] == sorted(
+                (k["ms"] for k in profile["top"]), reverse=True)
+    assert "aiayn+engine: wall" in completed.stdout
