@@ -217,3 +217,31 @@ def test_generation_restores_training_mode():
     model = tiny_lm().train()
     generate(model, [1], max_new_tokens=2, greedy=True)
     assert model.training
+
+
+@pytest.mark.parametrize("batch, vocab", [(1, 7), (3, 500), (8, 50257)])
+def test_sample_draws_what_torch_multinomial_draws(batch, vocab):
+    """The exponential race draws the same ids as torch.multinomial(probs, 1) from the same
+    generator state (both race the same Exp(1) draws), filtered-out ids included never."""
+    from aiayn.decoding.sampling import sample
+
+    logits = 3 * torch.randn(batch, vocab, generator=torch.Generator().manual_seed(vocab))
+    logits[:, ::3] = float("-inf")  # zero probability: never drawn
+    probs = logits.softmax(dim=-1)
+    for seed in range(50):
+        ours = sample(probs, torch.Generator().manual_seed(seed))
+        reference = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(ours, reference.squeeze(1))
+        assert not (ours % 3 == 0).any()
+
+
+def test_sample_follows_the_distribution():
+    """Frequencies of 40,000 draws match the probabilities (4 standard errors)."""
+    from aiayn.decoding.sampling import sample
+
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0]]).expand(40_000, 5).contiguous()
+    counts = torch.bincount(sample(probs, torch.Generator().manual_seed(0)), minlength=5)
+    frequencies = counts.double() / 40_000
+    error = (probs[0].double() * (1 - probs[0].double()) / 40_000).sqrt()
+    assert ((frequencies - probs[0].double()).abs() <= 4 * error + 1e-12).all()
+    assert counts[4] == 0

@@ -30,6 +30,18 @@ def filter_logits(logits: Tensor, *, top_k: int | None = None, top_p: float | No
     return logits
 
 
+def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One draw per row from probabilities (B, V); returns (B,) ids.
+
+    The exponential race: with q_i ~ Exp(1) independent, argmax_i p_i / q_i is i with probability
+    p_i. It is how ``torch.multinomial(probs, 1)`` draws too, so the same generator state gives the
+    same ids, but without multinomial's validity checks of ``probs``: kernels every decoding step
+    would pay (and on older PyTorch a host sync; gpt-fast samples this way for that reason).
+    ``probs`` must be a distribution (softmax output); a zero-probability id is never drawn."""
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)  # (B, V)
+    return (probs / race).argmax(dim=-1)
+
+
 def next_tokens(logits: Tensor, *, greedy: bool = False, temperature: float = 1.0,
                 top_k: int | None = None, top_p: float | None = None,
                 generator: torch.Generator | None = None) -> Tensor:
@@ -37,5 +49,4 @@ def next_tokens(logits: Tensor, *, greedy: bool = False, temperature: float = 1.
     if greedy:
         return logits.argmax(dim=-1)
     logits = filter_logits(logits.float() / temperature, top_k=top_k, top_p=top_p)
-    probs = logits.softmax(dim=-1)  # (B, V)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return sample(logits.softmax(dim=-1), generator)  # (B,)
