@@ -76,9 +76,9 @@ class WordPieceTokenizer:
         """Learn a WordPiece vocabulary (BERT normalisation and pre-tokenisation) from ``texts``.
 
         The same texts give the same vocabulary in every process. ``vocab_size`` is the size of the
-        BPE vocabulary it is made from; the result can be a little larger, as every character seen
-        gets both its word-start and its "##" continuing form (so a word of seen characters is never
-        [UNK]).
+        BPE vocabulary it is made from; the result differs a little: every character seen gets
+        both its word-start and its "##" continuing form (so a word of seen characters is never
+        [UNK]), and BPE pieces can map onto the same WordPiece piece.
 
         Raises:
             ValueError: ``vocab_size`` too small for the special tokens.
