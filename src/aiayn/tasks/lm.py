@@ -46,8 +46,8 @@ def token_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
         logits = model.lm_head(hidden)  # (B, T, V)
     else:
         logits = model(inputs)  # (B, T, V)
-    # In the logits' dtype, as nanoGPT computes it (under bf16 autocast no float32 copy of the
-    # (B * T, V) logits); the per-token losses are summed in float32.
+    # As nanoGPT computes it (autocast runs the cross-entropy in float32, for both); the per-token
+    # losses are summed in float32.
     losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")  # (B * T,)
     return losses.float().sum()
 
