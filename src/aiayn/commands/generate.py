@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for number, prompt in enumerate(prompts, start=1):
         if not prompt:
-            raise ValueError(f"prompt {number} is empty")
+            raise ValueError(f"prompt {number} is empty; leave out --prompt to start from a "
+                             f"newline")
         ids = vocabulary.encode(prompt, source=f"prompt {number}")
         if len(ids) >= context:
             unit = "characters" if isinstance(vocabulary, CharVocabulary) else "tokens"
