@@ -163,9 +163,9 @@ def describe_recipes(parser: argparse.ArgumentParser, recipes: dict[str, dict[st
     for action in parser._actions:
         if action.dest in names:
             defaults = ", ".join(f"{recipe[action.dest]} {when}" for when, recipe in recipes.items())
-            action.help = (f"{action.help or ''} (default: {defaults})").replace("%", "%%"
-                                                                                ).lstrip(" ")
-            action.help += "%(default).0s"  # zero-width: argparse appends no "(default: None)"
+            text = f"{action.help or ''} (default: {defaults})".lstrip(" ")
+            # %% for argparse; the zero-width %(default) keeps it from adding "(default: None)"
+            action.help = text.replace("%", "%%") + "%(default).0s"
 
 
 def fill_unset(args: argparse.Namespace, recipe: dict[str, Any]) -> None:
