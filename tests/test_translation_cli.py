@@ -110,3 +110,51 @@ def test_translate_compile_option_prints_the_eager_translations(tiny_tsv, tmp_pa
                for extra in ([], ["--compile"])]
     assert all(result.returncode == 0 for result in outputs), outputs[1].stderr
     assert outputs[1].stdout == outputs[0].stdout and len(outputs[0].stdout.split("\n")) == 3
+
+
+@pytest.mark.parametrize("device, cuda_available, expected", [
+    ("cpu", False, "cpu"), ("cuda", False, "cuda"), (None, True, "cuda"), (None, False, "cpu")])
+def test_the_recipe_follows_the_training_device(device, cuda_available, expected, monkeypatch):
+    """The CUDA recipe (more steps, averaged checkpoints, bf16 where native) on a CUDA device, named
+    or found; the CPU recipe elsewhere; what the command line sets stays."""
+    import torch
+
+    from aiayn.cli import build_parser
+    from aiayn.commands.train import training_config_from_args
+    from aiayn.commands.train_translation import CPU_RECIPE, CUDA_RECIPE, apply_recipe
+
+    from aiayn.training import precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
+    # bf16 where native: every CUDA card here, no CPU
+    monkeypatch.setattr(precision, "native_bf16",
+                        lambda device, *args: torch.device(device).type == "cuda")
+    command = ["train", "translation", "--data", "x.tsv", "--out", "run"]
+    args = build_parser().parse_args(command + (["--device", device] if device else []))
+    recipe = CUDA_RECIPE if expected == "cuda" else CPU_RECIPE
+    assert apply_recipe(args) == recipe
+    assert {name: getattr(args, name) for name in recipe} == recipe
+    config = training_config_from_args(args, 128)
+    assert (config.steps, config.eval_every, config.save_every, config.average_last) == (
+        recipe["steps"], recipe["eval_every"], recipe["save_every"], recipe["average_last"])
+    assert config.autocast == ("bf16" if expected == "cuda" else None)
+
+    given = build_parser().parse_args(command + ["--steps", "7", "--average-last", "0",
+                                                 "--autocast", "none", "--device", "cuda"])
+    apply_recipe(given)
+    assert (given.steps, given.average_last, given.autocast, given.eval_every) == (
+        7, 0, "none", CUDA_RECIPE["eval_every"])
+
+    # FSDP: the trainer cannot average sharded checkpoints, so the recipe does not ask it to.
+    sharded = build_parser().parse_args(command + ["--device", "cuda", "--distributed", "fsdp"])
+    apply_recipe(sharded)
+    assert sharded.average_last == 0 and sharded.steps == CUDA_RECIPE["steps"]
+    training_config_from_args(sharded, 128)
+
+
+def test_the_help_gives_both_recipes(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "translation", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "optimizer updates (default: 3000 on the CPU, 20000 on CUDA)" in help_text
+    assert "(default: 0 on the CPU, 5 on CUDA)" in help_text
