@@ -39,7 +39,7 @@ def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     would pay (and on older PyTorch a host sync; gpt-fast samples this way for that reason).
     ``probs`` must be a distribution (softmax output); a zero-probability id is never drawn."""
     race = torch.empty_like(probs).exponential_(1.0, generator=generator)  # (B, V)
-    return (probs / race).argmax(dim=-1)
+    return torch.div(probs, race, out=race).argmax(dim=-1)  # in place, as multinomial divides
 
 
 def next_tokens(logits: Tensor, *, greedy: bool = False, temperature: float = 1.0,
