@@ -14,6 +14,8 @@ Legend: B sentences, K beams, S source length, V vocabulary.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -24,6 +26,53 @@ from aiayn.decoding.greedy import (DecoderStep, Hypothesis, blocked_tokens, cros
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha; alpha 0 gives 1 (plain log-probability)."""
     return ((5.0 + length) / 6.0) ** alpha
+
+
+def force_eos(log_probs: Tensor, forced: Tensor, eos: int) -> Tensor:
+    """``log_probs`` (n*K, V) where rows ``forced`` (n*K,) may only end: every token but </s> -inf."""
+    others = torch.arange(log_probs.shape[-1], device=log_probs.device) != eos  # (V,)
+    return log_probs.masked_fill(forced.unsqueeze(1) & others, -torch.inf)
+
+
+@dataclass
+class Extensions:
+    """One step's choice for n sentences of K beams (``extend``)."""
+
+    top_scores: Tensor  # (n, 2K) summed log-probabilities of the 2K best one-token extensions
+    top_beam: Tensor  # (n, 2K) the beam each of them extends
+    top_token: Tensor  # (n, 2K) the token it adds
+    scores: Tensor  # (n, K) the K best that do not end with </s>: the live beams' scores
+    beams: Tensor  # (n, K) the beam each live one extends
+    tokens: Tensor  # (n, K) its new token
+
+
+def extend(log_probs: Tensor, scores: Tensor, eos: int) -> Extensions:
+    """The 2K best extensions of each sentence's K beams and the K live ones among them.
+
+    ``log_probs`` (n*K, V) of the next token (modified in place), ``scores`` (n, K) of the beams.
+    """
+    n, K = scores.shape
+    vocab = log_probs.shape[-1]
+    candidates = log_probs.view(n, K, vocab).add_(scores.unsqueeze(2))  # (n, K, V), in place
+    top_scores, top_index = candidates.view(n, K * vocab).topk(2 * K, dim=1)  # (n, 2K)
+    top_beam = top_index // vocab  # (n, 2K)
+    top_token = top_index % vocab  # (n, 2K)
+    live_scores = top_scores.masked_fill(top_token == eos, -torch.inf)
+    live, order = live_scores.topk(K, dim=1)  # (n, K)
+    return Extensions(top_scores, top_beam, top_token, live, top_beam.gather(1, order),
+                      top_token.gather(1, order))
+
+
+def sentence_done(finished: list[Hypothesis], limit: int, position: int, best_live: float,
+                  beam_size: int, alpha: float) -> bool:
+    """Whether a sentence stops after step ``position``: its length limit is reached, or it has
+    ``beam_size`` finished hypotheses, or no live beam can still beat its best finished one (live
+    log-probabilities only fall, so ``best_live`` / lp(limit) bounds what a live beam can reach)."""
+    if limit <= position + 1:
+        return True
+    return bool(finished) and (
+        len(finished) >= beam_size
+        or max(h.score for h in finished) >= best_live / length_penalty(limit, alpha))
 
 
 @torch.no_grad()
@@ -86,46 +135,28 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
         at_limit = [limits[i] <= position + 1 for i in alive]  # host lists: no tensor, no sync
         if any(at_limit):  # the last position a sentence may use: </s> only
             forced = torch.tensor(at_limit, device=device).repeat_interleave(K)  # (n*K,)
-            keep_eos = log_probs[:, eos].clone()
-            log_probs[forced] = -torch.inf
-            log_probs[forced, eos] = keep_eos[forced]
-        candidates = log_probs.view(n, K, vocab).add_(scores.unsqueeze(2))  # (n, K, V), in place
-        top_scores, top_index = candidates.view(n, K * vocab).topk(2 * K, dim=1)  # (n, 2K)
-        top_beam = top_index // vocab  # (n, 2K)
-        top_token = top_index % vocab  # (n, 2K)
-        is_eos = top_token == eos
+            log_probs = force_eos(log_probs, forced, eos)
+        chosen = extend(log_probs, scores, eos)
 
         # Finished hypotheses: </s> extensions among the first K candidates (fairseq's rule).
-        eos_first_k = (is_eos[:, :K] & torch.isfinite(top_scores[:, :K])).nonzero().tolist()
+        is_eos = chosen.top_token[:, :K] == eos
+        eos_first_k = (is_eos & torch.isfinite(chosen.top_scores[:, :K])).nonzero().tolist()
         if eos_first_k:
             length = position + 1  # tokens including </s>
             penalty = length_penalty(length, alpha)
             for row, column in eos_first_k:
-                beam = int(top_beam[row, column])
+                beam = int(chosen.top_beam[row, column])
                 sequence = history[row * K + beam].tolist()
                 finished[alive[row]].append(
-                    Hypothesis(sequence, float(top_scores[row, column]) / penalty))
+                    Hypothesis(sequence, float(chosen.top_scores[row, column]) / penalty))
 
         # Live hypotheses: the K best extensions that do not end the sentence.
-        live_scores = top_scores.masked_fill(is_eos, -torch.inf)
-        scores, order = live_scores.topk(K, dim=1)  # (n, K)
-        beams = top_beam.gather(1, order)  # (n, K)
-        new_tokens = top_token.gather(1, order)  # (n, K)
-        rows = (beams + torch.arange(n, device=device).unsqueeze(1) * K).view(-1)  # (n*K,)
+        scores, new_tokens = chosen.scores, chosen.tokens  # (n, K)
+        rows = (chosen.beams + torch.arange(n, device=device).unsqueeze(1) * K).view(-1)  # (n*K,)
 
-        # Which sentences are done: K finished, the limit reached, or no live beam can win (live
-        # log-probabilities only fall, so score / lp(limit) bounds what a live beam can reach).
         best_live = scores[:, 0].tolist()
-        keep_sentences = []
-        for row, index in enumerate(alive):
-            done = finished[index] and (
-                len(finished[index]) >= K or limits[index] <= position + 1
-                or max(h.score for h in finished[index])
-                >= best_live[row] / length_penalty(limits[index], alpha))
-            if not done and limits[index] <= position + 1:
-                done = True
-            if not done:
-                keep_sentences.append(row)
+        keep_sentences = [row for row, index in enumerate(alive) if not sentence_done(
+            finished[index], limits[index], position, best_live[row], K, alpha)]
         if not keep_sentences:
             break
         if len(keep_sentences) < n:
