@@ -151,3 +151,39 @@ def test_engine_generation_is_greedy_under_the_full_forward(device, compiled):
                     logits = model(ids)[0, len(prompt) - 1:-1].float()  # (16, V)
                 chosen = logits.gather(1, ids[0, len(prompt):, None])[:, 0]
                 assert torch.all(chosen >= logits.max(dim=-1).values - 1e-3), (prompt, tokens)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_engine_beam_search_is_beam_search(device, compiled):
+    """``aiayn.fast``'s beam search (on a GPU: the whole step, search included, replayed from CUDA
+    graphs, compiled or not), twice per shape: the plain search's scores, and each hypothesis's
+    score is its teacher-forced log-probability over GNMT's length penalty."""
+    from aiayn import Transformer
+    from aiayn.decoding.beam import beam_search, length_penalty
+    from aiayn.fast import InferenceOptions, prepare_for_inference
+
+    if compiled and device == "cpu":
+        pytest.skip("compiled CPU steps: tests/test_fast_inference.py")
+    torch.manual_seed(0)
+    config = tiny(vocab_size=60, max_length=48, output_bias=True)
+    model = Transformer(config).to(device).eval()
+    with torch.no_grad():
+        model.generator.bias[config.eos_id] = 1.0  # hypotheses end at different steps
+    engine = prepare_for_inference(model, InferenceOptions(compile=compiled))
+    source = torch.tensor([[5, 9, 12, 7, 3, 8], [11, 4, 6, 0, 0, 0], [7, 7, 21, 30, 2, 0]],
+                          device=device)
+    mask = source != config.pad_id
+    want = beam_search(model, source, mask, beam_size=4, alpha=0.6, max_extra=10)
+    for _ in range(2):
+        got = engine.beam_search(source, mask, beam_size=4, alpha=0.6, max_extra=10)
+        for row, (g, w) in enumerate(zip(got, want)):
+            assert g.score == pytest.approx(w.score, abs=1e-3)
+            target = torch.tensor([[config.decoder_start_id] + g.tokens + [config.eos_id]],
+                                  device=device)
+            with torch.no_grad():
+                logits = model(source[row:row + 1], target[:, :-1],
+                               src_padding_mask=mask[row:row + 1]).float()
+            log_p = logits.log_softmax(-1)[0].gather(1, target[0, 1:, None]).sum()
+            assert float(log_p) / length_penalty(len(g.tokens) + 1, 0.6) == \
+                pytest.approx(g.score, abs=1e-3)

@@ -310,6 +310,99 @@ def test_bad_slot_steps_name_the_problem(kwargs, message):
         model(ids, **arguments)
 
 
+# --- fixed-shape beam search (what aiayn.fast.graphed_beam replays), plain calls on the CPU -------
+EOS_PRONE = CONFIG.replace(output_bias=True)
+BEAM_SOURCES = torch.tensor([[5, 9, 12, 7, 3, 8], [11, 4, 6, 0, 0, 0], [7, 7, 21, 30, 2, 0],
+                             [3, 4, 5, 6, 7, 8]])
+
+
+def eos_prone_translator(seed: int, eos_bias: float, **overrides) -> Transformer:
+    """A random translator whose </s> logit is raised by ``eos_bias``: hypotheses then end at many
+    different steps, sentences stop early, and the length penalty decides between them."""
+    torch.manual_seed(seed)
+    model = Transformer(EOS_PRONE.replace(**overrides)).eval()
+    with torch.no_grad():
+        model.generator.bias[EOS_PRONE.eos_id] = eos_bias
+    return model
+
+
+def assert_same_hypotheses(got, want) -> None:
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    for g, w in zip(got, want):
+        assert g.score == pytest.approx(w.score, rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["fused", "reference"])
+def test_fixed_shape_beam_search_is_beam_search(attention):
+    """Every beam size, length penalty and length limit, over models whose hypotheses end at many
+    steps: the same hypotheses as ``beam_search``, one state per shape reused across calls."""
+    from aiayn.fast.graphed_beam import GraphedBeam
+
+    searcher = GraphedBeam(use_graph=False)
+    mask = BEAM_SOURCES != CONFIG.pad_id
+    lengths = set()
+    for seed, eos_bias in [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]:
+        model = eos_prone_translator(seed, eos_bias, attention=attention)
+        for beam_size in (1, 3, 4):
+            for alpha in (0.0, 0.6, 1.5):
+                for max_extra in (2, 10):
+                    options = dict(beam_size=beam_size, alpha=alpha, max_extra=max_extra)
+                    want = beam_search(model, BEAM_SOURCES, mask, **options)
+                    assert_same_hypotheses(searcher(model, BEAM_SOURCES, mask, **options), want)
+                    lengths.update(len(h.tokens) for h in want)
+    assert len(lengths) >= 8, lengths  # the searches really ended at many different steps
+    assert len(searcher.shapes) == 6  # (beam size, capacity) pairs: states are reused
+
+
+def test_fixed_shape_beam_search_reads_the_current_weights_in_inference_mode():
+    """A state made under ``torch.inference_mode`` serves a later call outside it, and a weight
+    update through ``.data`` between calls is what the next search uses."""
+    from aiayn.fast.graphed_beam import GraphedBeam
+
+    model = eos_prone_translator(1, 1.0)
+    searcher = GraphedBeam(use_graph=False)
+    mask = BEAM_SOURCES != CONFIG.pad_id
+    with torch.inference_mode():
+        first = searcher(model, BEAM_SOURCES, mask, max_extra=8)
+    assert_same_hypotheses(first, beam_search(model, BEAM_SOURCES, mask, max_extra=8))
+    perturb_through_data(model, 0.3)
+    got = searcher(model, BEAM_SOURCES, mask, max_extra=8)
+    assert_same_hypotheses(got, beam_search(fresh_copy(model), BEAM_SOURCES, mask, max_extra=8))
+    assert [h.tokens for h in got] != [h.tokens for h in first]
+
+
+@pytest.mark.slow  # compiles (tens of seconds on 2 cores)
+def test_compiled_fixed_shape_beam_step_has_no_graph_breaks(no_graph_breaks):
+    """The whole step (cache gather, decoder, choice) compiles as one graph; a second source shape
+    reuses it with dynamic sizes."""
+    from aiayn.fast.graphed_beam import GraphedBeam, beam_slot_step
+
+    model = eos_prone_translator(1, 1.0)
+    step = CompiledStep(beam_slot_step, InferenceOptions(compile=True), dynamic=None)
+    searcher = GraphedBeam(step, use_graph=False)
+    mask = BEAM_SOURCES != CONFIG.pad_id
+    for rows in (4, 2):
+        source, source_mask = BEAM_SOURCES[:rows, :rows + 2], mask[:rows, :rows + 2]
+        want = beam_search(model, source, source_mask, max_extra=8)
+        assert_same_hypotheses(searcher(model, source, source_mask, max_extra=8), want)
+    assert not step.failed
+
+
+def test_fixed_shape_beam_search_refuses_what_it_cannot_run():
+    from aiayn.fast.graphed_beam import GraphedBeam
+
+    mask = BEAM_SOURCES != CONFIG.pad_id
+    t5 = Transformer(TransformerConfig.preset("t5-cpu", vocab_size=60, max_length=48)).eval()
+    assert GraphedBeam.supports(translator()) and not GraphedBeam.supports(t5)
+    assert not GraphedBeam.supports(lm())
+    with pytest.raises(ValueError, match="relative position bias"):
+        GraphedBeam(use_graph=False)(t5, BEAM_SOURCES, mask)
+    for options, message in [(dict(beam_size=0), "positive integer"),
+                             (dict(beam_size=31), "too large"), (dict(alpha=-1.0), "non-negative")]:
+        with pytest.raises(ValueError, match=message):
+            GraphedBeam(use_graph=False)(translator(), BEAM_SOURCES, mask, **options)
+
+
 def test_cuda_graphs_apply_only_to_cuda_models_with_exact_kernels():
     engine = prepare_for_inference(lm(), InferenceOptions(compile=False))
     assert not engine.uses_cuda_graphs()  # a CPU model

@@ -8,7 +8,8 @@ so weights changed after preparing (in place, through ``.data``, by ``load_state
 as they are, and two engines in one process can hold different options.
 
 On a CUDA device, a decoder-only model's generation replays each step from a CUDA graph
-(``aiayn.fast.cuda_graphs``): fixed shapes, one launch per token.
+(``aiayn.fast.cuda_graphs``): fixed shapes, one launch per token; an encoder-decoder's beam search
+does the same with the whole step, search included (``aiayn.fast.graphed_beam``).
 
 Where compiling fails (no C++ compiler for inductor's CPU code, an unsupported platform), the engine
 warns once and runs the plain step.
@@ -27,6 +28,7 @@ from aiayn.decoding.beam import beam_search
 from aiayn.decoding.generation import Generation, GenerationConfig, Steps, decode_step, generate
 from aiayn.decoding.greedy import Hypothesis, decoder_step, greedy_search
 from aiayn.fast.cuda_graphs import GraphedSteps, slot_step
+from aiayn.fast.graphed_beam import GraphedBeam, beam_slot_step
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune",
                  "max-autotune-no-cudagraphs")
@@ -43,8 +45,9 @@ class InferenceOptions:
             on a CUDA model only (on the CPU compiled steps run 1.2-1.5x faster once warm, but
             compiling takes longer than a short generation runs; docs/performance.md).
         mode: ``torch.compile``'s mode (None: its default).
-        cuda_graphs: on a CUDA device, decoder-only generation replays fixed-shape steps from CUDA
-            graphs (one per batch size and cache capacity, captured on first use).
+        cuda_graphs: on a CUDA device, decoder-only generation and encoder-decoder beam search
+            replay fixed-shape steps from CUDA graphs (one per batch size and cache capacity, and
+            for beam search per source length, captured on first use).
     """
 
     compile: bool | None = None
@@ -63,7 +66,8 @@ class InferenceOptions:
 class CompiledStep:
     """``torch.compile(function)``, or ``function`` itself once compiling has failed (warned once)."""
 
-    def __init__(self, function: Callable, options: InferenceOptions, *, dynamic: bool = True):
+    def __init__(self, function: Callable, options: InferenceOptions, *,
+                 dynamic: bool | None = True):
         self.plain = function
         self.compiled = torch.compile(function, dynamic=dynamic, mode=options.mode)
         self.failed = False
@@ -103,6 +107,7 @@ class InferenceEngine:
         else:
             self.decoder_step, self.decode_step = decoder_step, decode_step
         self._graphed: GraphedSteps | None = None
+        self._graphed_beam: GraphedBeam | bool | None = None  # False: plain beam search
 
     def uses_cuda_graphs(self) -> bool:
         """Whether ``generate`` replays CUDA graphs: asked for, a CUDA model, an exact kernel."""
@@ -131,7 +136,18 @@ class InferenceEngine:
         return greedy_search(self.model, source, source_mask, step=self.decoder_step, **kwargs)
 
     def beam_search(self, source: Tensor, source_mask: Tensor, **kwargs) -> list[Hypothesis]:
-        """``aiayn.decoding.beam.beam_search`` on this engine's steps."""
+        """``aiayn.decoding.beam.beam_search`` on this engine's steps; where ``uses_cuda_graphs``
+        and the model takes fixed-shape steps (``GraphedBeam.supports``: not T5), the same search
+        replayed from CUDA graphs."""
+        if self._graphed_beam is None:
+            self._graphed_beam = False
+            if self.uses_cuda_graphs() and GraphedBeam.supports(self.model):
+                # dynamic=None: a second source shape recompiles once with dynamic sizes
+                step = (CompiledStep(beam_slot_step, self.options, dynamic=None)
+                        if self.compiles else beam_slot_step)
+                self._graphed_beam = GraphedBeam(step, use_graph=True)
+        if self._graphed_beam:
+            return self._graphed_beam(self.model, source, source_mask, **kwargs)
         return beam_search(self.model, source, source_mask, step=self.decoder_step, **kwargs)
 
 
