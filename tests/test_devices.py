@@ -187,3 +187,19 @@ def test_engine_beam_search_is_beam_search(device, compiled):
             log_p = logits.log_softmax(-1)[0].gather(1, target[0, 1:, None]).sum()
             assert float(log_p) / length_penalty(len(g.tokens) + 1, 0.6) == \
                 pytest.approx(g.score, abs=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_engine_generation_of_a_relative_bias_decoder_is_the_plain_generation(device):
+    """T5's relative position bias needs contiguous positions, which fixed-shape steps do not
+    give: the engine runs such a model's steps plainly, on a GPU too."""
+    from aiayn.fast import InferenceOptions, prepare_for_inference
+
+    torch.manual_seed(0)
+    model = CausalLM(tiny(norm_first=True, n_encoder_layers=0, positions="none",
+                          relative_attention_buckets=8, relative_attention_max_distance=16)
+                     ).to(device).eval()
+    engine = prepare_for_inference(model, InferenceOptions(compile=False))
+    assert not engine.uses_cuda_graphs()
+    assert engine.generate([[5, 6, 7]], max_new_tokens=6, greedy=True).tokens == \
+        generate(model, [[5, 6, 7]], max_new_tokens=6, greedy=True).tokens

@@ -403,6 +403,34 @@ def test_fixed_shape_beam_search_refuses_what_it_cannot_run():
             GraphedBeam(use_graph=False)(translator(), BEAM_SOURCES, mask, **options)
 
 
+@pytest.mark.parametrize("change", ["dtype", "new-tensors"])
+def test_fixed_shape_steps_follow_a_model_cast_or_given_new_parameter_tensors(change):
+    """A graph reads the addresses it was captured with: after ``.to(dtype)`` or ``p.data = ...``
+    the steps of that shape are made again, and decode the model as it is now."""
+    from aiayn.fast.cuda_graphs import GraphedSteps
+    from aiayn.fast.graphed_beam import GraphedBeam
+
+    model, translation = lm(), eos_prone_translator(1, 1.0)
+    steps, searcher = GraphedSteps(use_graph=False), GraphedBeam(use_graph=False)
+    mask = BEAM_SOURCES != CONFIG.pad_id
+    generate(model, PROMPTS, max_new_tokens=6, greedy=True, steps=steps)
+    searcher(translation, BEAM_SOURCES, mask, max_extra=8)
+    before = (dict(steps.shapes), dict(searcher.shapes))
+    for module in (model, translation):
+        if change == "dtype":
+            module.to(torch.float64)
+        else:
+            with torch.no_grad():
+                for p in module.parameters():
+                    p.data = p.data * 1.5
+    got = generate(model, PROMPTS, max_new_tokens=6, greedy=True, steps=steps)
+    assert got.tokens == generate(model, PROMPTS, max_new_tokens=6, greedy=True).tokens
+    assert_same_hypotheses(searcher(translation, BEAM_SOURCES, mask, max_extra=8),
+                           beam_search(translation, BEAM_SOURCES, mask, max_extra=8))
+    assert all(steps.shapes[key] is not old for key, old in before[0].items())
+    assert all(searcher.shapes[key] is not old for key, old in before[1].items())
+
+
 def test_cuda_graphs_apply_only_to_cuda_models_with_exact_kernels():
     engine = prepare_for_inference(lm(), InferenceOptions(compile=False))
     assert not engine.uses_cuda_graphs()  # a CPU model

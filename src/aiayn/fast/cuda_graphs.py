@@ -24,6 +24,14 @@ from torch import Tensor, nn
 from aiayn.decoding.generation import Steps
 
 
+def storage_key(model: nn.Module) -> tuple:
+    """Where and how the model's parameters and buffers are stored. A captured graph reads those
+    addresses: after ``.to(dtype)``, a move, or ``p.data = new_tensor`` the key changes and the
+    graphs are captured again (in-place updates keep the key, and the graphs see them)."""
+    return tuple((t.data_ptr(), t.dtype, t.device)
+                 for t in (*model.parameters(), *model.buffers()))
+
+
 def slot_step(model: nn.Module, ids: Tensor, padding_mask: Tensor, positions: Tensor, cache,
               slots: Tensor) -> Tensor:
     """Logits (B, V) of a fixed-shape step: ``ids`` (B, 1) at cache slot ``slots`` (1,)."""
@@ -43,6 +51,7 @@ class FixedStep:
         self.positions = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.slots = torch.zeros(1, dtype=torch.long, device=device)
         self.step = step
+        self.storage = storage_key(model)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: Tensor | None = None
         if use_graph:
@@ -89,7 +98,7 @@ class GraphedSteps(Steps):
 
     def new_cache(self, model: nn.Module, batch: int, capacity: int):
         key = (batch, capacity)
-        if key not in self.shapes:
+        if key not in self.shapes or self.shapes[key].storage != storage_key(model):
             self.shapes[key] = FixedStep(model, batch, capacity, self.fixed_step, self.use_graph)
         self.current = self.shapes[key]
         self.current.cache.length = 0  # the prefill writes from slot 0 again

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from aiayn.decoding.beam import extend, force_eos, length_penalty, sentence_done
 from aiayn.decoding.greedy import Hypothesis, blocked_tokens, output_limits
+from aiayn.fast.cuda_graphs import storage_key
 from aiayn.nn.attention.cache import DecoderCache, KVCache
 
 
@@ -140,6 +141,7 @@ class FixedBeam:
 
     def __init__(self, model: nn.Module, state: BeamState, step: Callable, use_graph: bool):
         self.state, self.step = state, step
+        self.storage = storage_key(model)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.report: Tensor | None = None
         if use_graph:
@@ -191,28 +193,30 @@ class GraphedBeam:
     @torch.no_grad()
     def __call__(self, model: nn.Module, source: Tensor, source_mask: Tensor, *,
                  beam_size: int = 4, alpha: float = 0.6, max_extra: int = 50) -> list[Hypothesis]:
-        """``beam_search(model, source, source_mask, ...)``'s hypotheses (same arguments)."""
+        """``beam_search(model, source, source_mask, ...)``'s hypotheses (same arguments). A model
+        moved, cast or given new parameter tensors since a shape's graph was captured gets a new
+        one (``storage_key``)."""
         config = model.config
         if not isinstance(beam_size, int) or beam_size < 1:
             raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
         if 2 * beam_size > config.vocab_size:
             raise ValueError(f"beam_size {beam_size} is too large for a vocabulary of "
                              f"{config.vocab_size}")
-        if alpha < 0:
+        if not alpha >= 0:  # NaN too
             raise ValueError(f"alpha must be non-negative, got {alpha!r}")
         K = beam_size
-        sources, source_length = source.shape
         limits_all = output_limits(source_mask, max_extra=max_extra,
                                    model_max_length=config.max_length)  # (B,)
+        sources, source_length = source_mask.shape
         steps = int(limits_all.max())
         limits = limits_all.tolist()
-        key = (sources, K, steps + 1, source_length)
-        if key not in self.shapes:
+        key = (sources, K, steps, source_length)
+        if key not in self.shapes or self.shapes[key].storage != storage_key(model):
             if not self.supports(model):
                 raise ValueError("GraphedBeam needs an encoder-decoder with softmax attention and "
                                  "no relative position bias; use aiayn.decoding.beam.beam_search")
             with torch.inference_mode(False):  # plain tensors: usable in and out of inference mode
-                state = BeamState(model, sources, K, steps + 1, source_length)
+                state = BeamState(model, sources, K, steps, source_length)
             self.shapes[key] = FixedBeam(model, state, self.step, self.use_graph)
         fixed = self.shapes[key]
         memory = model.encode(source, source_mask)  # (B, S, D)

@@ -110,10 +110,13 @@ class InferenceEngine:
         self._graphed_beam: GraphedBeam | bool | None = None  # False: plain beam search
 
     def uses_cuda_graphs(self) -> bool:
-        """Whether ``generate`` replays CUDA graphs: asked for, a CUDA model, an exact kernel."""
+        """Whether ``generate`` replays CUDA graphs: asked for, a CUDA model, an exact kernel and
+        no relative position bias."""
         device = next(self.model.parameters()).device
+        config = self.model.config
         return (self.options.cuda_graphs and device.type == "cuda"
-                and getattr(self.model.config, "attention", None) in GRAPHED_KERNELS)
+                and getattr(config, "attention", None) in GRAPHED_KERNELS
+                and not getattr(config, "relative_attention_buckets", 0))  # T5's bias: no slots
 
     def generation_steps(self) -> Steps:
         """The ``Steps`` ``generate`` runs: CUDA graphs where ``uses_cuda_graphs``, else calls of
