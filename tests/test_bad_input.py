@@ -382,7 +382,7 @@ api("model-generate-token-id-outside-vocabulary",
 def generate_past_cache(c: Ctx) -> Any:
     from aiayn.decoding.generation import generate
 
-    return generate(CausalLM(TINY).eval(), [1, 2, 3], max_new_tokens=62)
+    return generate(CausalLM(TINY).eval(), [1, 2, 3], max_new_tokens=63)
 
 
 api("model-generate-past-cache", generate_past_cache, ValueError,
@@ -390,6 +390,41 @@ api("model-generate-past-cache", generate_past_cache, ValueError,
 cli("model-cli-generate-past-cache",
     lambda c: ["generate", str(c.run("lm")), "--prompt", "All", "--max-new-tokens", "30",
                "--no-slide"], "past the cache capacity")
+
+api("model-generate-bool-token-ids", lambda c: _generate(CausalLM(TINY).eval(), [True, True]),
+    ValueError, "prompt 0 holds True (bool), not an integer token id")
+api("model-generate-stop-id-outside-vocabulary",
+    lambda c: _generate(CausalLM(TINY).eval(), [1, 2], stop_ids=(1000,)), ValueError,
+    "stop_ids 1000 is outside the vocabulary")
+api("model-generate-pad-id-outside-vocabulary",
+    lambda c: _generate(CausalLM(TINY).eval(), [[1, 2], [3]], pad_id=1000), ValueError,
+    "pad_id 1000 is outside the vocabulary")
+api("model-generate-nan-temperature",
+    lambda c: _generate(CausalLM(TINY).eval(), [1, 2], temperature=float("nan")), ValueError,
+    "temperature must be >= 0", "nan")
+api("model-generate-encoder-decoder", lambda c: _generate(Transformer(TINY).eval(), [1, 2]),
+    TypeError, "decoder-only model", "beam_search")
+api("model-beam-nan-alpha", lambda c: _search("beam", alpha=float("nan")), ValueError,
+    "alpha must be non-negative", "nan")
+api("model-beam-negative-max-extra", lambda c: _search("beam", max_extra=-5), ValueError,
+    "max_extra must be a non-negative integer, got -5")
+api("model-greedy-1d-source", lambda c: _search("greedy", source=ids(5)), ValueError,
+    "source_mask must be a (B, S) tensor, got (5,)")
+
+
+def _generate(model: Any, prompt: Any, **options: Any) -> Any:
+    from aiayn.decoding.generation import generate
+
+    return generate(model, prompt, max_new_tokens=2, **options)
+
+
+def _search(kind: str, source: torch.Tensor | None = None, **options: Any) -> Any:
+    from aiayn.decoding.beam import beam_search
+    from aiayn.decoding.greedy import greedy_search
+
+    source = ids(2, 5) if source is None else source
+    search = beam_search if kind == "beam" else greedy_search
+    return search(Transformer(TINY).eval(), source, source != 0, **options)
 
 
 # --- run directories and checkpoints -----------------------------------------------------------------

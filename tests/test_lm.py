@@ -245,7 +245,7 @@ def test_generate_options_stop_strings_long_prompts_and_batches(text_file, tmp_p
                  "--max-new-tokens", "5"]) == 0
     captured = capsys.readouterr()
     assert "warning: prompt 1 has 60 characters" in captured.err
-    assert "keeping its last 15" in captured.err
+    assert "keeping its last 16" in captured.err
 
     assert main(["generate", str(run_dir), "--prompt", "All", "--prompt", "First Citizen",
                  "--greedy", "--max-new-tokens", "8"]) == 0

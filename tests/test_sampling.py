@@ -126,9 +126,12 @@ def test_batched_logits_match_single_prompt_logits():
 def test_generation_past_the_cache_capacity_is_a_clear_error():
     model = tiny_lm()
     with pytest.raises(ValueError, match="past the cache capacity.*needs 25 positions"):
-        generate(model, [1] * 5, max_new_tokens=20)
+        generate(model, [1] * 5, max_new_tokens=21)
     with pytest.raises(ValueError, match="past the cache capacity"):
-        generate(model, [1, 2], max_new_tokens=9, context=10)
+        generate(model, [1, 2], max_new_tokens=10, context=10)
+    # The last new token is never fed back: a prompt plus N tokens needs L + N - 1 positions.
+    assert len(generate(model, [1] * 5, max_new_tokens=20).tokens[0]) == 20
+    assert len(generate(model, [1, 2], max_new_tokens=9, context=10).tokens[0]) == 9
     with pytest.raises(ValueError, match="does not fit the context"):
         generate(model, [1] * 30, max_new_tokens=1, slide=True)
 
@@ -140,22 +143,22 @@ def test_sliding_past_the_context_matches_a_recomputed_window():
     sequence, window = list(prompt), 0
     with torch.no_grad():
         for column in range(len(prompt), len(prompt) + 20):
-            if column - window == 8:  # full cache: keep the last half
-                window = column - 4
-            logits = model(torch.tensor([sequence[window:column]]))[0, -1]
+            logits = model(torch.tensor([sequence[window:column]]))[0, -1]  # up to 8 tokens
             sequence.append(int(logits.argmax()))
+            if column - window == 8:  # the new token does not fit: keep the last half, with it
+                window = column + 1 - 4
     assert result.tokens[0] == sequence[len(prompt):]
 
 
-def test_sliding_with_a_padded_batch_equals_each_prompt_alone():
+def test_sliding_with_a_padded_batch_matches_each_prompt_alone_until_the_first_slide():
     model = tiny_lm(max_length=8)
     prompts = [[4, 5, 6, 7, 8], [9, 3]]
     batch = generate(model, prompts, max_new_tokens=12, greedy=True, slide=True)
     assert len(batch.tokens[0]) == 12
-    # After the first slide both rows have a full window of real tokens, so the second row matches
-    # its own generation until then.
-    alone = generate(model, prompts[1], max_new_tokens=3, greedy=True).tokens[0]
-    assert batch.tokens[1][:3] == alone
+    # Rows slide together, when the longest fills the cache (the token picked at column 8 is the
+    # first that does not fit): until then the short row computes what it computes alone.
+    alone = generate(model, prompts[1], max_new_tokens=4, greedy=True).tokens[0]
+    assert batch.tokens[1][:4] == alone
 
 
 def test_stop_ids_end_a_row_and_are_cut_from_its_tokens():
@@ -187,6 +190,39 @@ def test_a_host_stop_test_ends_generation_early():
     assert result.finish_reasons == ["stop"]
     assert len(result.tokens[0]) == 8  # checked after 4 and 8 tokens
     assert calls == [4, 8]
+
+
+def test_a_row_stopped_by_the_host_test_keeps_no_filler_while_others_go_on():
+    """The stopped row's tokens end where the test passed (no pad written after it), the other
+    row runs to the length limit and computes what it computes alone."""
+    model = tiny_lm()
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    for every, on_step in [(4, None), (8, lambda *args: None)]:
+        result = generate(model, prompts, max_new_tokens=16, greedy=True, check_every=every,
+                          on_step=on_step, stop=lambda row, tokens: row == 0 and len(tokens) >= 3)
+        alone = [generate(model, p, max_new_tokens=16, greedy=True).tokens[0] for p in prompts]
+        stopped_at = 3 if on_step else 4  # every step with a callback, else every 4
+        assert result.tokens == [alone[0][:stopped_at], alone[1]]
+        assert result.finish_reasons == ["stop", "length"]
+
+
+def test_a_tiny_temperature_samples_the_most_likely_token():
+    """Dividing the logits by 1e-40 would overflow to inf and NaN; the gaps to the maximum are
+    divided instead, so the draw is the argmax."""
+    model = tiny_lm()
+    assert generate(model, [1, 2], max_new_tokens=8, temperature=1e-40, seed=0).tokens == \
+        generate(model, [1, 2], max_new_tokens=8, greedy=True).tokens
+
+
+def test_prompts_and_stop_ids_may_be_numpy_or_tensor_integers():
+    import numpy as np
+
+    model = tiny_lm()
+    want = generate(model, [[5, 6], [7]], max_new_tokens=4, greedy=True, stop_ids=(3,))
+    for prompts in (np.array([[5, 6]]), [np.int64(5), np.int64(6)], [torch.tensor([5, 6]),
+                                                                     torch.tensor([7])]):
+        got = generate(model, prompts, max_new_tokens=4, greedy=True, stop_ids=3)
+        assert got.tokens == want.tokens[:len(got.tokens)]
 
 
 def test_streaming_callback_sees_every_token_in_order():

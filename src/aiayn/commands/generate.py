@@ -3,7 +3,7 @@ of ``aiayn train lm`` or a Hugging Face GPT-2 / Llama checkpoint directory, with
 
 Tokens stream to stdout as they are produced (one prompt), or each continuation is printed once done
 (several prompts, generated together as one left-padded batch). A prompt longer than the model's
-context keeps its last ``context - 1`` tokens, with a warning on stderr. Past the context the
+context keeps its last ``context`` tokens, with a warning on stderr. Past the context the
 cache slides (rebuilt from the last half of the context, like nanoGPT's sampler cropping its input)
 unless ``--no-slide`` makes that an error.
 """
@@ -111,12 +111,12 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"prompt {number} is empty; leave out --prompt to start from a "
                              f"newline")
         ids = vocabulary.encode(prompt, source=f"prompt {number}")
-        if len(ids) >= context:
+        if len(ids) > context:
             unit = "characters" if isinstance(vocabulary, CharVocabulary) else "tokens"
             print(f"aiayn generate: warning: prompt {number} has {len(ids)} {unit}, more than "
-                  f"the context of {context} allows; keeping its last {context - 1}",
+                  f"the context of {context} allows; keeping its last {context}",
                   file=sys.stderr)
-            ids = ids[-(context - 1):]
+            ids = ids[-context:]
         rows.append(ids)
     stream = len(rows) == 1 and not args.no_stream
     continuations = [Continuation(vocabulary, ids) for ids in rows]

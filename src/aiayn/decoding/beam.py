@@ -99,7 +99,7 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     if 2 * beam_size > vocab:
         raise ValueError(f"beam_size {beam_size} is too large for a vocabulary of {vocab}")
-    if alpha < 0:
+    if not alpha >= 0:  # NaN too
         raise ValueError(f"alpha must be non-negative, got {alpha!r}")
     K, eos = beam_size, config.eos_id
     device = source.device
@@ -111,7 +111,7 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
     mask = cross_attention_mask(source_mask)  # (B, S) or None
     # The K beams of a sentence share its memory: the cache keeps its cross-attention keys/values
     # once per sentence (no repeat, no reorder when beams swap).
-    cache = model.new_cache(batch * K, steps + 1, rows_per_memory=K)
+    cache = model.new_cache(batch * K, steps, rows_per_memory=K)
     alive = list(range(batch))  # original sentence index of each live batch entry
     limits = limits_all.tolist()
     # Only beam 0 is real at the start; the others would duplicate it.

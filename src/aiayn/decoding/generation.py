@@ -14,9 +14,13 @@ Left padding: row b's prompt of length L_b sits at the right end of the L column
 False in the key-padding mask and its real tokens get positions 0..L_b-1 (explicit ``positions``), so
 every row computes what it would compute alone.
 
-Past the context: with ``slide=True`` a full cache is rebuilt from the last ``context // 2`` tokens
-(one prefill) and generation goes on, as nanoGPT's sampler crops its input to the block size; without
-it, asking for more tokens than the cache holds is an error before anything runs.
+The last new token is never fed back, so N new tokens after an L-token prompt need L + N - 1
+positions. Past the context: with ``slide=True``, when the cache is full the token just picked is not
+fed to it; the cache is rebuilt from the last ``context // 2`` tokens, that token included (one
+prefill), and generation goes on, as nanoGPT's sampler crops its input to the block size. Prompts of
+different lengths slide together, when the longest row fills the cache, so there a shorter row
+conditions on fewer of its own tokens than it would alone. Without ``slide``, asking for more
+positions than the cache holds is an error before anything runs.
 
 Legend: B batch (prompts), L padded prompt length, N new tokens, V vocabulary, C cache capacity.
 """
@@ -24,6 +28,7 @@ Legend: B batch (prompts), L padded prompt length, N new tokens, V vocabulary, C
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -68,11 +73,16 @@ class GenerationConfig:
     pad_id: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
+        if not isinstance(self.stop_ids, int):
+            object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
         if not _positive_int(self.max_new_tokens):
             raise ValueError(f"max_new_tokens must be a positive integer, got "
                              f"{self.max_new_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+        if isinstance(self.stop_ids, int) and not isinstance(self.stop_ids, bool):
+            object.__setattr__(self, "stop_ids", (self.stop_ids,))  # one id
+        if not all(_id_like(t) for t in self.stop_ids):
+            raise ValueError(f"stop_ids must be integer token ids, got {self.stop_ids!r}")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if self.top_k is not None and not _positive_int(self.top_k):
             raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
@@ -100,6 +110,17 @@ class GenerationConfig:
 
 def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _id_like(value: object) -> bool:
+    """An integer token id: a Python or NumPy integer, or a 0-d integer tensor (not a bool)."""
+    if isinstance(value, (bool, float)) or getattr(value, "dtype", None) in (torch.bool, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
 @dataclass
@@ -184,6 +205,10 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
         (config or GenerationConfig())
     steps = steps or Steps()
     model_config = model.config
+    if getattr(model, "encoder", None) is not None:
+        raise TypeError("generate continues prompts with a decoder-only model (CausalLM); decode "
+                        "an encoder-decoder with aiayn.decoding.greedy.greedy_search or "
+                        "aiayn.decoding.beam.beam_search")
     rows = _prompt_rows(prompt_ids, model_config.vocab_size)
     capacity = model_config.max_length if config.context is None else config.context
     if capacity > model_config.max_length:
@@ -193,15 +218,21 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
     batch, width = len(rows), max(lengths)
     new = config.max_new_tokens
     total = width + new
+    fed = total - 1  # positions the model sees: the last new token is never fed back
     if width > capacity:
         raise ValueError(f"a prompt of {width} tokens does not fit the context of {capacity} "
                          f"tokens; truncate it (keep its last tokens)")
-    if total > capacity and not config.slide:
+    if fed > capacity and not config.slide:
         raise ValueError(f"generation past the cache capacity: a prompt of {width} tokens plus "
-                         f"max_new_tokens={new} needs {total} positions but the cache holds "
+                         f"max_new_tokens={new} needs {fed} positions but the cache holds "
                          f"{capacity} (lower max_new_tokens, shorten the prompt, or slide)")
     device = next(model.parameters()).device
     pad_id = model_config.pad_id if config.pad_id is None else config.pad_id
+    for name, ids in (("pad_id", [pad_id]), ("stop_ids", config.stop_ids)):
+        outside = [int(t) for t in ids if not 0 <= int(t) < model_config.vocab_size]
+        if outside:
+            raise ValueError(f"{name} {outside[0]} is outside the vocabulary "
+                             f"[0, {model_config.vocab_size})")
     greedy = config.picks_greedily
     if config.seed is not None and not greedy:
         generator = torch.Generator(device=device).manual_seed(config.seed)
@@ -213,26 +244,22 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
         sequence[index, width - len(row):width] = torch.tensor(row, dtype=torch.long)
         real[index, width - len(row):] = True  # generated columns are real for every row
     padded = min(lengths) != width
-    stop_set = torch.tensor(sorted(set(config.stop_ids)), dtype=torch.long, device=device)
+    stop_ids = {int(t) for t in config.stop_ids}
+    stop_set = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     stopped_by_id = torch.zeros(batch, dtype=torch.bool, device=device)
-    host_stopped = [False] * batch
+    host_stopped = [0] * batch  # per row: how many new tokens it had when the stop test passed
     can_stop = stop is not None or bool(stop_set.numel())
 
     was_training = model.training
     model.eval()
     try:
         window = 0  # first column held by the cache
-        cache = steps.new_cache(model, batch, min(capacity, total))
+        cache = steps.new_cache(model, batch, min(capacity, fed))
         logits, next_position = steps.prefill(model, cache, sequence, real, window, width, padded)
         produced = 0
         for index in range(new):
             column = width + index
-            if column - window == cache.max_length:  # full: keep the last C // 2 tokens (slide)
-                window = column - capacity // 2
-                cache = steps.new_cache(model, batch, cache.max_length)
-                logits, next_position = steps.prefill(model, cache, sequence, real, window, column,
-                                                      padded)
             token = next_tokens(logits, greedy=greedy, temperature=config.temperature,
                                 top_k=config.top_k, top_p=config.top_p,
                                 generator=generator)  # (B,)
@@ -251,11 +278,17 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
                 if stop is not None:
                     _run_stop_test(stop, sequence[:, width:column + 1], finished, host_stopped)
                     if any(host_stopped):
-                        finished |= torch.tensor(host_stopped, device=device)
+                        finished |= torch.tensor([bool(n) for n in host_stopped], device=device)
                 if bool(finished.all()):
                     break
             if last:
                 break
+            if column - window == cache.max_length:  # full: keep the last C // 2 tokens (slide)
+                window = column + 1 - capacity // 2
+                cache = steps.new_cache(model, batch, cache.max_length)
+                logits, next_position = steps.prefill(model, cache, sequence, real, window,
+                                                      column + 1, padded)
+                continue
             logits = steps.next(model, cache, sequence, real, window, column,
                                 next_position if padded else None)  # (B, V)
             if padded:
@@ -263,19 +296,20 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
     finally:
         model.train(was_training)
     return _result(sequence[:, width:width + produced].tolist(), stopped_by_id.tolist(),
-                   host_stopped, set(config.stop_ids))
+                   host_stopped, stop_ids)
 
 
 def _run_stop_test(stop: StopTest, new_tokens: Tensor, finished: Tensor,
-                   host_stopped: list[bool]) -> None:
-    """Mark in ``host_stopped`` the rows still running whose new tokens (B, N) pass ``stop``."""
+                   host_stopped: list[int]) -> None:
+    """Record in ``host_stopped`` the length of each row still running whose new tokens (B, N)
+    pass ``stop``."""
     host_finished = finished.tolist()
     for index, row in enumerate(new_tokens.tolist()):
         if not host_finished[index] and not host_stopped[index] and stop(index, row):
-            host_stopped[index] = True
+            host_stopped[index] = len(row)
 
 
-def _result(new: list[list[int]], by_id: list[bool], host_stopped: list[bool],
+def _result(new: list[list[int]], by_id: list[bool], host_stopped: list[int],
             stop_ids: set[int]) -> Generation:
     tokens, reasons = [], []
     for index, row in enumerate(new):
@@ -283,9 +317,12 @@ def _result(new: list[list[int]], by_id: list[bool], host_stopped: list[bool],
             cut = next(i for i, t in enumerate(row) if t in stop_ids)
             tokens.append(row[:cut])
             reasons.append("stop_id")
+        elif host_stopped[index]:  # the tokens up to the test that stopped it, no filler after
+            tokens.append(row[:host_stopped[index]])
+            reasons.append("stop")
         else:
             tokens.append(row)
-            reasons.append("stop" if host_stopped[index] else "length")
+            reasons.append("length")
     return Generation(tokens=tokens, finish_reasons=reasons)
 
 
@@ -295,20 +332,30 @@ def _prompt_rows(prompt_ids: Tensor | Sequence[Sequence[int]] | Sequence[int], v
         if prompt_ids.dim() not in (1, 2) or prompt_ids.dtype not in (torch.long, torch.int32):
             raise ValueError(f"prompt_ids must be an integer (T,) or (B, T) tensor, got "
                              f"{prompt_ids.dtype} {tuple(prompt_ids.shape)}")
-        rows = prompt_ids.reshape(-1, prompt_ids.shape[-1]).tolist()
-    elif len(prompt_ids) and all(isinstance(t, int) for t in prompt_ids):
-        rows = [list(prompt_ids)]
+        rows = prompt_ids.tolist() if prompt_ids.dim() == 2 else [prompt_ids.tolist()]
+    elif len(prompt_ids) and not any(isinstance(t, (list, tuple, range))
+                                     or getattr(t, "ndim", 0) >= 1 for t in prompt_ids):
+        rows = [list(prompt_ids)]  # one prompt of scalars
     else:
-        rows = [list(row) for row in prompt_ids]
+        try:
+            rows = [list(row) for row in prompt_ids]
+        except TypeError:
+            raise ValueError("prompt_ids must be a list of token ids, a list of such lists, or an "
+                             "integer tensor") from None
     if not rows:
         raise ValueError("no prompts given")
     for index, row in enumerate(rows):
         if not row:
             raise ValueError(f"prompt {index} is empty; give at least one token (e.g. a newline "
                              f"or a start token)")
-        bad = [t for t in row if not isinstance(t, int) or not 0 <= t < vocab_size]
+        not_ids = [t for t in row if not _id_like(t)]
+        if not_ids:
+            raise ValueError(f"prompt {index} holds {not_ids[0]!r} ({type(not_ids[0]).__name__}), "
+                             f"not an integer token id")
+        rows[index] = row = [operator.index(t) for t in row]
+        bad = [t for t in row if not 0 <= t < vocab_size]
         if bad:
-            raise ValueError(f"prompt {index} holds token id {bad[0]!r} outside the vocabulary "
+            raise ValueError(f"prompt {index} holds token id {bad[0]} outside the vocabulary "
                              f"[0, {vocab_size})")
     return rows
 

@@ -26,10 +26,20 @@ class Hypothesis:
 
 
 def output_limits(source_mask: Tensor, *, max_extra: int, model_max_length: int) -> Tensor:
-    """Per-sentence number of positions a hypothesis may use, </s> included: the paper's "input
-    length + 50" (section 6.1) output tokens, capped by the position table. Shape (B,)."""
+    """Per-sentence number of output tokens, </s> included: the paper's "input length + 50"
+    (section 6.1), capped by the position table (a hypothesis of n tokens feeds the decoder n
+    positions: the start symbol and all but its last token). Shape (B,).
+
+    Raises:
+        ValueError: ``source_mask`` is not (B, S), or ``max_extra`` is not a non-negative integer.
+    """
+    if not isinstance(source_mask, Tensor) or source_mask.dim() != 2:
+        raise ValueError(f"source_mask must be a (B, S) tensor, got "
+                         f"{tuple(getattr(source_mask, 'shape', ())) or type(source_mask).__name__}")
+    if not isinstance(max_extra, int) or isinstance(max_extra, bool) or max_extra < 0:
+        raise ValueError(f"max_extra must be a non-negative integer, got {max_extra!r}")
     limits = source_mask.sum(dim=1) + max_extra
-    return limits.clamp(max=model_max_length - 1)
+    return limits.clamp(max=model_max_length)
 
 
 def cross_attention_mask(source_mask: Tensor) -> Tensor | None:
@@ -76,7 +86,7 @@ def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
     limits = output_limits(source_mask, max_extra=max_extra, model_max_length=config.max_length)
     steps = int(limits.max())
     memory = model.encode(source, source_mask)  # (B, S, D)
-    cache = model.new_cache(batch, steps + 1)
+    cache = model.new_cache(batch, steps)
     tokens = torch.full((batch, 1), config.decoder_start_id, dtype=torch.long,
                         device=source.device)
     alive = torch.arange(batch, device=source.device)  # original index of each row

@@ -48,5 +48,8 @@ def next_tokens(logits: Tensor, *, greedy: bool = False, temperature: float = 1.
     """Pick one token per row from logits (B, V); returns (B,) token ids."""
     if greedy:
         return logits.argmax(dim=-1)
-    logits = filter_logits(logits.float() / temperature, top_k=top_k, top_p=top_p)
+    logits = logits.float()
+    if temperature < 1e-6:  # logits / temperature could overflow to inf: divide the gaps to the
+        logits = logits - logits.amax(dim=-1, keepdim=True)  # row maximum (softmax is unchanged)
+    logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
     return sample(logits.softmax(dim=-1), generator)  # (B,)
