@@ -411,6 +411,9 @@ api("model-beam-negative-max-extra", lambda c: _search("beam", max_extra=-5), Va
 api("model-greedy-1d-source", lambda c: _search("greedy", source=ids(5)), ValueError,
     "source_mask must be a (B, S) tensor, got (5,)")
 
+api("model-cache-of-another-batch",
+    lambda c: CausalLM(TINY)(ids(2, 1), cache=CausalLM(TINY).new_cache(1, 4)), ValueError,
+    "the ids have 2 rows but the cache holds 1")
 
 def _generate(model: Any, prompt: Any, **options: Any) -> Any:
     from aiayn.decoding.generation import generate

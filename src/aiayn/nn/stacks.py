@@ -186,6 +186,9 @@ class Decoder(nn.Module):
         """
         check_ids(ids, "target ids")
         batch, length = ids.shape
+        if cache is not None and cache.batch not in (None, batch):
+            raise ValueError(f"the ids have {batch} rows but the cache holds {cache.batch}: make it "
+                             f"with new_cache(batch={batch}, ...)")
         if slots is not None:
             self._check_slots(slots, cache, padding_mask, positions, length)
             start, keys = slots, cache.max_length

@@ -35,6 +35,10 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys.shape[2]
 
+    @property
+    def batch(self) -> int:
+        return self.keys.shape[0]
+
     def write(self, start: int | Tensor, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Store (B, H, T, Dh) keys/values at positions start..start+T-1; return the filled prefix,
         (B, H, start + T, Dh) views into the cache.
@@ -141,6 +145,11 @@ class DecoderCache:
                              f"{self.rows_per_memory} rows; reorder(..., cross=False) and "
                              "select_sources(...) keep them consistent")
         self.select_sources(index)
+
+    @property
+    def batch(self) -> int | None:
+        """Rows the self-attention caches hold (None for a decoder without layers)."""
+        return self.self_attention[0].batch if self.self_attention else None
 
     @property
     def source_length(self) -> int | None:

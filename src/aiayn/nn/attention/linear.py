@@ -133,6 +133,10 @@ class LinearAttentionState:
         self.capacity = max_length
         self.length = 0  # positions folded into the state
 
+    @property
+    def batch(self) -> int:
+        return self.state.shape[0]
+
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B',) in place of the old rows, e.g. surviving beams."""
         self.state = self.state.index_select(0, index)
