@@ -47,7 +47,7 @@ def hf_greedy_translations(directory, sentences, *, max_extra=50):
         with torch.no_grad():
             generated = model.generate(
                 ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=1,
-                max_new_tokens=min(ids.shape[1] + max_extra, config.max_position_embeddings - 1),
+                max_new_tokens=min(ids.shape[1] + max_extra, config.max_position_embeddings),
                 min_new_tokens=0, forced_eos_token_id=config.eos_token_id,
                 bad_words_ids=[[config.pad_token_id]], no_repeat_ngram_size=0,
                 repetition_penalty=1.0, forced_bos_token_id=None)
