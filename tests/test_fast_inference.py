@@ -352,6 +352,11 @@ def test_fixed_shape_beam_search_is_beam_search(attention):
                     lengths.update(len(h.tokens) for h in want)
     assert len(lengths) >= 8, lengths  # the searches really ended at many different steps
     assert len(searcher.shapes) == 6  # (beam size, capacity) pairs: states are reused
+    small = GraphedBeam(use_graph=False, max_shapes=2)
+    for max_extra in (2, 3, 4, 2):
+        assert_same_hypotheses(small(model, BEAM_SOURCES, mask, max_extra=max_extra),
+                               beam_search(model, BEAM_SOURCES, mask, max_extra=max_extra))
+    assert [key[2] for key in small.shapes] == [10, 8]  # the two most recent capacities
 
 
 def test_fixed_shape_beam_search_reads_the_current_weights_in_inference_mode():
@@ -373,12 +378,12 @@ def test_fixed_shape_beam_search_reads_the_current_weights_in_inference_mode():
 
 @pytest.mark.slow  # compiles (tens of seconds on 2 cores)
 def test_compiled_fixed_shape_beam_step_has_no_graph_breaks(no_graph_breaks):
-    """The whole step (cache gather, decoder, choice) compiles as one graph; a second source shape
-    reuses it with dynamic sizes."""
+    """The whole step (cache gather, decoder, choice) compiles as one graph with dynamic sizes: a
+    second source shape reuses it."""
     from aiayn.fast.graphed_beam import GraphedBeam, beam_slot_step
 
     model = eos_prone_translator(1, 1.0)
-    step = CompiledStep(beam_slot_step, InferenceOptions(compile=True), dynamic=None)
+    step = CompiledStep(beam_slot_step, InferenceOptions(compile=True), dynamic=True)
     searcher = GraphedBeam(step, use_graph=False)
     mask = BEAM_SOURCES != CONFIG.pad_id
     for rows in (4, 2):

@@ -133,7 +133,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         rows = list(examples(kind, splits(kind, path)[args.split], run.assets.prefixes[kind]))
         rows = rows[:args.limit] if args.limit is not None else rows
         scores = score_examples(inference.model, run.assets.tokenizer, rows, beam_size=args.beam,
-                                alpha=args.alpha, step=inference.decoder_step)
+                                alpha=args.alpha, engine=inference)
         result[kind] = {"data": str(path), "examples": len(rows), **scores}
     result["seconds"] = round(time.perf_counter() - start, 2)
     return result

@@ -104,7 +104,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     outputs = translate_texts(inference.model, run.assets, [p.source for p in pairs],
                               beam_size=args.beam, alpha=args.alpha, max_tokens=args.max_tokens,
-                              step=inference.decoder_step)
+                              engine=inference)
     seconds = time.perf_counter() - start
     if args.output:
         Path(args.output).write_text("".join(line + "\n" for line in outputs), encoding="utf-8")

@@ -59,6 +59,6 @@ def _flush(inference, tokenizer, lines, args) -> None:
 
     for output in translate_texts(inference.model, tokenizer, lines, beam_size=args.beam,
                                   alpha=args.alpha, max_tokens=args.max_tokens,
-                                  step=inference.decoder_step):
+                                  engine=inference):
         sys.stdout.write(output + "\n")
     sys.stdout.flush()

@@ -168,15 +168,18 @@ class FixedBeam:
 
 class GraphedBeam:
     """``beam_search`` at fixed shapes (see the module docstring), one ``FixedBeam`` per
-    (B, K, C, S) kept while this object lives.
+    (B, K, C, S), the ``max_shapes`` most recently used kept (translating a file meets many
+    shapes; each holds a cache and a graph's memory).
 
     Args:
         step: ``beam_slot_step`` or a compiled version of it.
         use_graph: capture and replay CUDA graphs (needs the model on a CUDA device).
+        max_shapes: how many shapes' states and graphs to keep.
     """
 
-    def __init__(self, step: Callable = beam_slot_step, *, use_graph: bool = True):
-        self.step, self.use_graph = step, use_graph
+    def __init__(self, step: Callable = beam_slot_step, *, use_graph: bool = True,
+                 max_shapes: int = 8):
+        self.step, self.use_graph, self.max_shapes = step, use_graph, max_shapes
         self.shapes: dict[tuple[int, int, int, int], FixedBeam] = {}
 
     @staticmethod
@@ -217,8 +220,11 @@ class GraphedBeam:
                                  "no relative position bias; use aiayn.decoding.beam.beam_search")
             with torch.inference_mode(False):  # plain tensors: usable in and out of inference mode
                 state = BeamState(model, sources, K, steps, source_length)
+            self.shapes.pop(key, None)
+            while len(self.shapes) >= self.max_shapes:  # the least recently used goes
+                self.shapes.pop(next(iter(self.shapes)))
             self.shapes[key] = FixedBeam(model, state, self.step, self.use_graph)
-        fixed = self.shapes[key]
+        fixed = self.shapes[key] = self.shapes.pop(key)  # now the most recently used
         memory = model.encode(source, source_mask)  # (B, S, D)
         report = fixed.state.start(model, memory, source_mask, limits_all,
                                    config.decoder_start_id)

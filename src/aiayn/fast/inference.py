@@ -145,8 +145,8 @@ class InferenceEngine:
         if self._graphed_beam is None:
             self._graphed_beam = False
             if self.uses_cuda_graphs() and GraphedBeam.supports(self.model):
-                # dynamic=None: a second source shape recompiles once with dynamic sizes
-                step = (CompiledStep(beam_slot_step, self.options, dynamic=None)
+                # dynamic: one compiled step serves every batch of a file (a graph per shape)
+                step = (CompiledStep(beam_slot_step, self.options, dynamic=True)
                         if self.compiles else beam_slot_step)
                 self._graphed_beam = GraphedBeam(step, use_graph=True)
         if self._graphed_beam:

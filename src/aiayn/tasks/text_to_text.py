@@ -145,9 +145,9 @@ class TextToTextAssets:
 
 def generate_texts(model: nn.Module, tokenizer: SubwordTokenizer, sources: Sequence[str], *,
                    beam_size: int = 1, alpha: float = 0.6, max_extra: int = 50,
-                   max_length: int | None = None, step=None) -> list[str]:
-    """The model's output text for each (prefixed) source, greedy or beam, in input order."""
-    from aiayn.decoding.greedy import decoder_step
+                   max_length: int | None = None, engine=None) -> list[str]:
+    """The model's output text for each (prefixed) source, greedy or beam, in input order
+    (``engine``: an ``aiayn.fast.InferenceEngine`` for ``model`` runs the searches)."""
     from aiayn.tasks.translate import translate_ids
 
     ids = [row[:max_length] if max_length else row for row in tokenizer.encode(list(sources))]
@@ -156,7 +156,7 @@ def generate_texts(model: nn.Module, tokenizer: SubwordTokenizer, sources: Seque
     try:
         with torch.inference_mode():
             outputs = translate_ids(model, ids, beam_size=beam_size, alpha=alpha,
-                                    max_extra=max_extra, step=step or decoder_step)
+                                    max_extra=max_extra, engine=engine)
     finally:
         model.train(was_training)
     return tokenizer.decode(outputs)
@@ -164,7 +164,7 @@ def generate_texts(model: nn.Module, tokenizer: SubwordTokenizer, sources: Seque
 
 def score_examples(model: nn.Module, tokenizer: SubwordTokenizer,
                    examples: Sequence[TextExample], *, beam_size: int = 1, alpha: float = 0.6,
-                   max_length: int = 128, step=None) -> dict[str, float]:
+                   max_length: int = 128, engine=None) -> dict[str, float]:
     """Translation examples: ``bleu`` and ``chrf``; classification examples: ``accuracy`` of the
     generated label text (stripped, exact match). Examples of one kind at a time; none: {}."""
     from aiayn.tasks.translate import score_translations
@@ -177,7 +177,7 @@ def score_examples(model: nn.Module, tokenizer: SubwordTokenizer,
     kind = kinds.pop()
     outputs = generate_texts(model, tokenizer, [e.source for e in examples], beam_size=beam_size,
                              alpha=alpha, max_extra=MAX_EXTRA[kind], max_length=max_length,
-                             step=step)
+                             engine=engine)
     if kind == "classification":
         right = sum(out.strip() == e.target for out, e in zip(outputs, examples))
         return {"accuracy": right / len(examples)}

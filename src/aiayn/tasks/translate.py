@@ -7,6 +7,8 @@ returned in input order; the decoders guarantee the output does not depend on th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -14,15 +16,24 @@ from torch import nn
 from aiayn.data.batching import collate, token_batches
 from aiayn.data.tokenizer import SubwordTokenizer
 from aiayn.decoding.beam import beam_search
-from aiayn.decoding.greedy import DecoderStep, decoder_step, greedy_search
+from aiayn.decoding.greedy import greedy_search
+
+if TYPE_CHECKING:
+    from aiayn.fast import InferenceEngine
 
 
 def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_size: int = 4,
                   alpha: float = 0.6, max_tokens: int = 4000, max_extra: int = 50,
-                  step: DecoderStep = decoder_step) -> list[list[int]]:
-    """Output ids (no </s>) for source id sequences (no </s>), in input order; ``step`` runs each
-    decoding step after the first (an ``aiayn.fast.InferenceEngine``'s ``decoder_step`` compiles
-    it)."""
+                  engine: "InferenceEngine | None" = None) -> list[list[int]]:
+    """Output ids (no </s>) for source id sequences (no </s>), in input order; ``engine`` (an
+    ``aiayn.fast.InferenceEngine`` prepared for ``model``) runs the searches, else the plain
+    ``greedy_search`` / ``beam_search``."""
+    if engine is None:
+        greedy, beam = partial(greedy_search, model), partial(beam_search, model)
+    elif engine.model is not model:
+        raise ValueError("the engine was prepared for another model")
+    else:
+        greedy, beam = engine.greedy_search, engine.beam_search
     config = model.config
     device = next(model.parameters()).device
     outputs: list[list[int]] = [[] for _ in sources]
@@ -38,10 +49,9 @@ def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_si
         source = batch.source.to(device)
         mask = source != config.pad_id
         if beam_size == 1:
-            hypotheses = greedy_search(model, source, mask, max_extra=max_extra, step=step)
+            hypotheses = greedy(source, mask, max_extra=max_extra)
         else:
-            hypotheses = beam_search(model, source, mask, beam_size=beam_size, alpha=alpha,
-                                     max_extra=max_extra, step=step)
+            hypotheses = beam(source, mask, beam_size=beam_size, alpha=alpha, max_extra=max_extra)
         for index, hypothesis in zip(indices, hypotheses):
             outputs[index] = hypothesis.tokens
     return outputs
@@ -49,7 +59,7 @@ def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_si
 
 def translate_texts(model: nn.Module, tokenizer: SubwordTokenizer, texts: Sequence[str], *,
                     beam_size: int = 4, alpha: float = 0.6, max_tokens: int = 4000,
-                    step: DecoderStep = decoder_step) -> list[str]:
+                    engine: "InferenceEngine | None" = None) -> list[str]:
     """Detokenized translations of ``texts`` (empty text -> empty translation)."""
     outputs = [""] * len(texts)
     keep = [i for i, text in enumerate(texts) if text.strip()]
@@ -59,7 +69,7 @@ def translate_texts(model: nn.Module, tokenizer: SubwordTokenizer, texts: Sequen
     model.eval()
     with torch.inference_mode():
         hypotheses = translate_ids(model, ids, beam_size=beam_size, alpha=alpha,
-                                   max_tokens=max_tokens, step=step)
+                                   max_tokens=max_tokens, engine=engine)
     for i, text in zip(keep, tokenizer.decode(hypotheses)):
         outputs[i] = text
     return outputs
