@@ -22,7 +22,9 @@ after every call; the first call, which compiles where a side compiles, is timed
   (``aiayn+graphs``: CUDA graphs; ``aiayn+engine``: compiled steps in CUDA graphs).
 - ``sample8``: the same, top-k 50 sampling at batch 8.
 - ``beam``: beam search, 4 beams, 8 sources of 32 tokens, 32 new tokens, the base model above with
-  bf16 weights: HF ``generate(num_beams=4)`` against aiayn's ``beam_search`` on an engine.
+  bf16 weights: HF ``generate(num_beams=4)`` against aiayn's plain ``beam_search`` and an engine's
+  (``aiayn+graphs``: the graphed beam search of ``aiayn.fast.graphed_beam``; ``aiayn+engine``: the
+  same with its step compiled).
 - ``encoder``: BERT-base inference (d 768, 12 layers, 32 x 128) with bf16 weights.
 
 Memory of each side on CUDA: the peak of ``torch.cuda.max_memory_allocated`` during one call above
@@ -243,6 +245,8 @@ def build_decoding(row: str, which: list[str], shapes: Shapes, device: torch.dev
 
 
 def build_beam(which: list[str], shapes: Shapes, device: torch.device) -> dict:
+    from aiayn.decoding.beam import beam_search
+
     torch.manual_seed(0)
     hf = hf_marian(d_model=shapes.base_d_model, layers=shapes.base_layers,
                    heads=shapes.base_heads, d_ff=4 * shapes.base_d_model,
@@ -260,8 +264,12 @@ def build_beam(which: list[str], shapes: Shapes, device: torch.device) -> dict:
                 eos_token_id=None, forced_eos_token_id=None, length_penalty=1.0,
                 early_stopping=False, bad_words_ids=None, pad_token_id=0)
             continue
-        engine = _engine(aiayn_from_hf(hf).eval().to(device, torch.bfloat16),
-                         compile=name == "aiayn+engine")
+        model = aiayn_from_hf(hf).eval().to(device, torch.bfloat16)
+        if name == "aiayn":  # the plain search, eager steps
+            sides[name] = lambda m=model: beam_search(m, src, mask, beam_size=4, alpha=0.0,
+                                                      max_extra=0)
+            continue
+        engine = _engine(model, compile=name == "aiayn+engine")  # on CUDA: graphed steps
         sides[name] = lambda e=engine: e.beam_search(src, mask, beam_size=4, alpha=0.0,
                                                      max_extra=0)
     return sides
@@ -290,7 +298,7 @@ PAIRS = {"lm_train": [("aiayn", "nanogpt"), ("aiayn+compile", "nanogpt+compile")
          "greedy1": [("aiayn", "hf"), ("aiayn+graphs", "hf"), ("aiayn+engine", "hf")],
          "greedy8": [("aiayn", "hf"), ("aiayn+engine", "hf")],
          "sample8": [("aiayn+engine", "hf")],
-         "beam": [("aiayn", "hf"), ("aiayn+engine", "hf")],
+         "beam": [("aiayn", "hf"), ("aiayn+graphs", "hf"), ("aiayn+engine", "hf")],
          "encoder": [("aiayn", "hf")]}
 
 
