@@ -590,6 +590,16 @@ cli("run-cli-resume-corrupt-checkpoint-state",
 cli("run-cli-resume-with-another-model-config",
     lambda c: resume_lm(c, c.run("lm"), "--set", "d_model=64"),
     "holds a run with another model config", "d_model")
+cli("run-cli-resume-lm-on-text-with-other-characters",  # same count: the config still matches
+    lambda c: ["train", "lm", "--data", str(c.file("other.txt", LM_TEXT.replace("a", "~"))),
+               "--out", str(c.run("lm")), *COMMON, *TASK_ARGS["lm"], "--steps", "4"],
+    "vocabulary.json differs", "another vocabulary.json", "another directory")
+cli("run-cli-resume-classification-with-a-renamed-label",
+    lambda c: ["train", "classification", "--data", str(c.file(
+        "renamed.tsv", c.data["classification"].read_text(encoding="utf-8").replace(
+            "\tnet\n", "\tzz_net\n"))), "--out", str(c.run("classification")), *COMMON,
+        *TASK_ARGS["classification"], "--steps", "4"],
+    "labels.json differs", "other data, labels or prefixes")
 cli("run-cli-init-from-a-translation-run",
     lambda c: train("classification", c, c.data["classification"],
                     extra=("--init", str(c.run("translation")))),

@@ -158,3 +158,38 @@ def test_the_help_gives_both_recipes(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert "optimizer updates (default: 3000 on the CPU, 20000 on CUDA)" in help_text
     assert "(default: 0 on the CPU, 5 on CUDA)" in help_text
+
+
+def test_a_validation_pair_longer_than_the_position_table_is_left_out(tiny_tsv, tmp_path,
+                                                                      capsys):
+    """Training pairs are filtered by --max-length, validation pairs are not: one too long for the
+    model's table used to end the run at its first evaluation, before any checkpoint."""
+    long_source = " ".join(["This package contains the documentation."] * 80)
+    long_target = " ".join(["Dieses Paket enthält die Dokumentation."] * 80)
+    data = tmp_path / "long-valid.tsv"
+    data.write_text(tiny_tsv.read_text(encoding="utf-8").replace("\ttest\n", "\tvalid\n")
+                    + f"{long_source}\t{long_target}\tx\tsentence\tvalid\n", encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["train", "translation", "--data", str(data), "--out", str(out), "--preset",
+                 "tiny", "--vocab-size", "120", "--max-tokens", "400", "--steps", "4",
+                 "--eval-every", "4", "--save-every", "4", "--valid-bleu-sentences", "0",
+                 "--best-metric", "loss", "--best-mode", "min", "--no-progress", "--threads",
+                 "2"]) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["model_config"]["max_length"] < 400  # the long pair does not fit the table
+    assert (out / "checkpoints" / "step-4").is_dir()
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["loss"] > 0
+
+
+def test_a_best_metric_the_evaluation_will_not_report_is_refused_before_training(
+        tiny_tsv, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(train_args(tiny_tsv, out, "--valid-bleu-sentences", "0", "--steps", "4")) == 1
+    assert "best_metric 'bleu' is not among the task's metrics ['loss', 'ppl']" in \
+        capsys.readouterr().err
+    assert not out.exists()  # nothing trained, nothing written
+    for option, value, message in [("--label-smoothing", "1.5", "must be in [0, 1), got 1.5"),
+                                   ("--valid-bleu-sentences", "-1", "must be non-negative")]:
+        assert main(train_args(tiny_tsv, out, option, value, "--steps", "4")) == 1
+        assert f"{option} {message}" in capsys.readouterr().err
+        assert not out.exists()

@@ -27,7 +27,7 @@ from torch import nn
 from aiayn.config import TransformerConfig
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer
 from aiayn.models import Transformer
-from aiayn.tasks.translation import PairBatches
+from aiayn.tasks.translation import PairBatches, check_pair_options
 from aiayn.training.devices import default_device
 
 KINDS = ("translation", "classification")
@@ -77,8 +77,9 @@ class TextToTextTask(PairBatches):
                  seed: int = 0, device: str | None = None):
         if not train:
             raise ValueError("text-to-text training needs examples (give --tasks and their data)")
-        if max_tokens <= 0 or max_length <= 0:
-            raise ValueError("max_tokens and max_length must be positive")
+        check_pair_options(max_tokens=max_tokens, max_length=max_length,
+                           label_smoothing=label_smoothing, sentences=valid_sentences,
+                           sentences_option="--valid-sentences")
         self.tokenizer, self.prefixes = tokenizer, dict(prefixes)
         self.pad_id, self.start_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
         self.max_tokens, self.max_length = max_tokens, max_length

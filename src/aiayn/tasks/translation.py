@@ -29,6 +29,7 @@ from aiayn.tasks.pretrained import PretrainedModel
 from aiayn.training.chunked_loss import projected_loss
 from aiayn.training.devices import default_device
 from aiayn.training.loss import label_smoothed_cross_entropy
+from aiayn.training.weights import unwrap
 
 
 def translation_loss(model: nn.Module, source: torch.Tensor, decoder_input: torch.Tensor,
@@ -53,6 +54,19 @@ def translation_loss(model: nn.Module, source: torch.Tensor, decoder_input: torc
                                         smoothing=smoothing, ignore_index=pad_id)
 
 
+def check_pair_options(*, max_tokens: int, max_length: int, label_smoothing: float,
+                       sentences: int, sentences_option: str) -> None:
+    """The options of a pair task, checked before anything is trained (named as on the command
+    line); ``sentences``: validation sentences decoded at each evaluation."""
+    for option, value in (("--max-tokens", max_tokens), ("--max-length", max_length)):
+        if value <= 0:
+            raise ValueError(f"{option} must be positive, got {value}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
+    if sentences < 0:
+        raise ValueError(f"{sentences_option} must be non-negative, got {sentences}")
+
+
 class PairBatches:
     """Training and validation batches, token count and loss of a task whose examples are id pairs
     (``train_source``/``train_target``, ``valid_source``/``valid_target``) with ``pad_id``,
@@ -68,9 +82,14 @@ class PairBatches:
         return self._batches(self.train_source, self.train_target, shuffle=True,
                              seed=self.seed * 100_003 + epoch)
 
-    def valid_batches(self) -> Iterator[TranslationBatch]:
-        """The validation pairs in fixed token-count batches (no length filter)."""
-        return self._batches(self.valid_source, self.valid_target, shuffle=False, seed=0)
+    def valid_batches(self, max_length: int | None = None) -> Iterator[TranslationBatch]:
+        """The validation pairs in fixed token-count batches; with ``max_length`` (the model's
+        position table) only the pairs whose sides fit it with their </s> or <s>."""
+        pairs = list(zip(self.valid_source, self.valid_target))
+        if max_length is not None:
+            pairs = [(s, t) for s, t in pairs if max(len(s), len(t)) < max_length]
+        sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+        return self._batches(sources, targets, shuffle=False, seed=0)
 
     def count(self, batch: TranslationBatch) -> int:
         return batch.target_tokens
@@ -82,11 +101,19 @@ class PairBatches:
                                 smoothing=smoothing, pad_id=self.pad_id)
 
     def valid_loss(self, model: nn.Module) -> dict[str, float]:
-        """Cross-entropy per target token over the validation pairs (no smoothing), and its ppl."""
+        """Cross-entropy per target token over the validation pairs (no smoothing), and its ppl.
+
+        A pair longer than the model's position table (training pairs are filtered by
+        ``--max-length``, validation pairs are not) is left out rather than ending the run.
+        """
         total, tokens = 0.0, 0
-        for batch in self.valid_batches():
+        for batch in self.valid_batches(getattr(unwrap(model).config, "max_length", None)):
             total += float(self.loss(model, batch, smoothing=0.0))
             tokens += batch.target_tokens
+        if not tokens:
+            raise ValueError(f"no validation pair fits the model's position table "
+                             f"(max_length={unwrap(model).config.max_length}); raise it with "
+                             f"--set max_length=N")
         return {"loss": total / tokens, "ppl": math.exp(min(total / tokens, 50.0))}
 
 
@@ -115,8 +142,9 @@ class TranslationTask(PairBatches):
                  valid_bleu_sentences: int = 200, valid_fraction: float = 0.02,
                  test_fraction: float = 0.02, seed: int = 0, device: str | None = None,
                  pretrained: PretrainedModel | None = None):
-        if max_tokens <= 0 or max_length <= 0:
-            raise ValueError("max_tokens and max_length must be positive")
+        check_pair_options(max_tokens=max_tokens, max_length=max_length,
+                           label_smoothing=label_smoothing, sentences=valid_bleu_sentences,
+                           sentences_option="--valid-bleu-sentences")
         splits = split_pairs(read_pairs(list(data)), valid_fraction=valid_fraction,
                              test_fraction=test_fraction)
         if not splits["train"]:
@@ -180,6 +208,10 @@ class TranslationTask(PairBatches):
         if self.pretrained is not None:
             model.load_state_dict(self.pretrained.weights)
         return model
+
+    def metric_names(self) -> set[str]:
+        """What ``evaluate`` reports: BLEU and chrF only when it decodes validation sentences."""
+        return {"loss", "ppl"} | ({"bleu", "chrf"} if self.valid_bleu_sentences else set())
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         from aiayn.tasks.translate import score_translations, translate_ids

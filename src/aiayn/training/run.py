@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,22 @@ def check_resumable(run_dir: Path, task: str, model_config: dict[str, Any]) -> N
         raise ValueError(f"{run_dir} holds a run with another model config (differs in "
                          f"{', '.join(changed)}); resume with the same settings or use "
                          f"another directory")
+
+
+def check_same_assets(run_dir: Path, task: Any) -> None:
+    """Raise unless the files ``task.save_assets`` would write (vocabulary, labels, tokenizer,
+    prefixes) are those ``run_dir`` holds: a run resumed on other data would otherwise keep its
+    weights and silently give their ids other meanings (a character vocabulary or a label set of
+    the same size but another order)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        task.save_assets(Path(scratch))
+        for made in sorted(Path(scratch).iterdir()):
+            saved = Path(run_dir) / made.name
+            if made.is_file() and saved.is_file() and saved.read_bytes() != made.read_bytes():
+                raise ValueError(
+                    f"{saved} differs from the one this data and these options give: the run was "
+                    f"trained with another {made.name} (other data, labels or prefixes). Resume "
+                    f"with the run's own data and options, or train into another directory")
 
 
 def _with_defaults(config: dict[str, Any]) -> dict[str, Any]:

@@ -54,7 +54,12 @@ class Task(Protocol):
         ...
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Validation metrics of ``model`` (called in eval mode under ``torch.no_grad``)."""
+        """Validation metrics of ``model`` (called in eval mode under ``torch.no_grad``).
+
+        A task may also define ``metric_names() -> set[str]``, the keys ``evaluate`` returns: the
+        trainer then refuses a ``best_metric`` outside them before training, not at the first
+        evaluation.
+        """
         ...
 
     def save_assets(self, run_dir: Path) -> dict[str, Any]:

@@ -35,8 +35,8 @@ from aiayn.training.distributed import Parallel, rank_seed
 from aiayn.training.optimizer import make_optimizer
 from aiayn.training.rank_agreement import data_fingerprint, parameter_fingerprint
 from aiayn.training.run import (CHECKPOINT_DIR, FORMAT_VERSION, LOG_FILE, TENSORBOARD_DIR,
-                                WEIGHTS_FILE, check_resumable, publish_weights, qualified_name,
-                                update_run_info)
+                                WEIGHTS_FILE, check_resumable, check_same_assets, publish_weights,
+                                qualified_name, update_run_info)
 from aiayn.training.run_log import RunLog
 from aiayn.training.task import Task
 from aiayn.training.trainer_state import (capture_rng, optimizer_from_tensors,
@@ -83,6 +83,10 @@ class Trainer:
     def __init__(self, model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | Path,
                  *, model_config: Any = None, resume: bool = True):
         self.task, self.config, self.run_dir = task, config, Path(run_dir)
+        names = task.metric_names() if hasattr(task, "metric_names") else None
+        if config.best_metric is not None and names is not None and config.best_metric not in names:
+            raise ValueError(f"best_metric {config.best_metric!r} is not among the task's metrics "
+                             f"{sorted(names)}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.model_config = model_config if model_config is not None \
             else getattr(model, "config", None)
@@ -95,6 +99,7 @@ class Trainer:
                              f"choose another directory")
         if checkpoints:
             check_resumable(self.run_dir, task.name, self.model_config.to_dict())
+            check_same_assets(self.run_dir, task)
 
         self.device = torch.device(default_device(config.device))
         # All three generators (the checkpoint saves all three): a fresh run is a function of the
