@@ -193,3 +193,27 @@ def test_a_best_metric_the_evaluation_will_not_report_is_refused_before_training
         assert main(train_args(tiny_tsv, out, option, value, "--steps", "4")) == 1
         assert f"{option} {message}" in capsys.readouterr().err
         assert not out.exists()
+
+
+def test_evaluate_without_a_split_column_scores_every_row_or_the_hash_split_asked_for(
+        tiny_tsv, tmp_path, capsys):
+    """A test set given as two files is scored whole; ``--split test`` on data without a split
+    column is the hash split training used (2 % test), not every row (training pairs included)."""
+    from aiayn.data.parallel import read_pairs, split_pairs
+
+    out = tmp_path / "run"
+    assert main(train_args(tiny_tsv, out, "--steps", "2", "--save-every", "2")) == 0
+    rows = [line.split("\t")[:2] for line in tiny_tsv.read_text(encoding="utf-8").splitlines()[1:]]
+    many = rows * 8  # 480 pairs: a few sources hash into the test split
+    (tmp_path / "src.en").write_text("".join(s + "\n" for s, _ in many), encoding="utf-8")
+    (tmp_path / "tgt.de").write_text("".join(t + "\n" for _, t in many), encoding="utf-8")
+    files = [str(tmp_path / "src.en"), str(tmp_path / "tgt.de")]
+    capsys.readouterr()
+    assert main(["evaluate", str(out), "--data", *files, "--beam", "1"]) == 0
+    whole = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (whole["split"], whole["split_by"], whole["sentences"]) == ("all", "none", 480)
+    assert main(["evaluate", str(out), "--data", *files, "--beam", "1", "--split", "test"]) == 0
+    test = json.loads(capsys.readouterr().out.splitlines()[-1])
+    expected = len(split_pairs(read_pairs(files))["test"])
+    assert (test["split"], test["split_by"], test["sentences"]) == ("test", "hash", expected)
+    assert 0 < expected < 480

@@ -25,9 +25,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="evaluation data in the task's format (translation: a TSV, or a "
                              "source and a target file)")
     parser.add_argument("--split", default=None,
-                        help="rows of this split when the data has one ('all': every row; default: "
-                             "test). A language model's plain text: train / valid (the run's "
-                             "split) or all (the default)")
+                        help="rows of this split ('all': every row). Translation: default test "
+                             "when the data has a split column, else all; asked of data without "
+                             "one, the hash split training used. A language model's plain text: "
+                             "train / valid (the run's split) or all (the default)")
     parser.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, default=0.6, help="length penalty (GNMT)")
     parser.add_argument("--max-tokens", type=positive_int, default=4000,
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     module = task_module(task) if task != "encoder" else None
     if not hasattr(module, "evaluate"):
         raise ValueError(f"task {task!r} has no evaluation command")
-    if args.split is None:
+    if args.split is None:  # a module's EVALUATION_SPLIT None: it decides from the data
         args.split = getattr(module, "EVALUATION_SPLIT", "test")
     result = module.evaluate(args)
     print(json.dumps(result))

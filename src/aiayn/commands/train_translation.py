@@ -83,9 +83,14 @@ def make_task(args: argparse.Namespace):
                            device=args.device, pretrained=pretrained)
 
 
+# `aiayn evaluate`'s --split when not given: decided by the data (``evaluate``).
+EVALUATION_SPLIT = None
+
+
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    """BLEU/chrF of RUN_DIR's model on ``args.data`` (the ``--split`` rows if it has a split
-    column, else every row)."""
+    """BLEU/chrF of RUN_DIR's model on ``args.data``: the rows of ``--split`` (default: test when
+    the data has a split column, else every row, e.g. a test set given as two files). Asked of data
+    without a split column, a split is the hash split training used (2 % valid, 2 % test)."""
     from pathlib import Path
 
     from aiayn.commands.engine import engine
@@ -96,8 +101,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     run = load_model_dir(args.run_dir, task="translation")
     pairs = read_pairs(args.data)
     has_split = any(pair.split is not None for pair in pairs)
-    if has_split:
-        pairs = select_split(pairs, args.split)
+    split = args.split or ("test" if has_split else "all")
+    pairs = select_split(pairs, split)
     if args.limit is not None:
         pairs = pairs[:args.limit]
     inference = engine(run.model.to(args.device), args)
@@ -109,7 +114,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if args.output:
         Path(args.output).write_text("".join(line + "\n" for line in outputs), encoding="utf-8")
     return {"run_dir": str(args.run_dir), "data": [str(p) for p in args.data],
-            "split": args.split if has_split else "all", "sentences": len(pairs),
+            "split": split,
+            "split_by": "column" if has_split else ("none" if split == "all" else "hash"),
+            "sentences": len(pairs),
             "beam": args.beam, "alpha": args.alpha,
             **score_translations(outputs, [p.target for p in pairs]),
             "seconds": round(seconds, 2)}
