@@ -625,6 +625,12 @@ cli("cli-train-mlm-bad-optimizer",
 cli("cli-generate-top-p-not-a-number",
     lambda c: ["generate", "r", "--top-p", "lots"], "invalid float value: 'lots'", code=2)
 cli("cli-evaluate-without-data", lambda c: ["evaluate", "r"], usage("evaluate"), "--data", code=2)
+cli("cli-train-unknown-device",
+    lambda c: ["train", "lm", "--data", "x", "--out", str(c.out()), "--device", "foo"],
+    "argument --device: unknown device 'foo'", code=2)
+cli("cli-translate-device-this-torch-cannot-use",  # no CUDA here, or fewer than 100 GPUs
+    lambda c: ["translate", "r", "--device", "cuda:99"], "argument --device: device 'cuda:99'",
+    code=2)
 
 
 def leaf_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):

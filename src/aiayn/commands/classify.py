@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.commands.train import positive_int
+from aiayn.commands.train import device_name, positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a text to classify (repeatable; default: stdin lines)")
     parser.add_argument("--top", type=positive_int, default=1, help="labels printed per text")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="stdin lines per batch")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device_name, default="cpu")
     parser.set_defaults(run=run)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.commands.train import positive_int
+from aiayn.commands.train import device_name, positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="write here instead of stdout; a .npy name writes a NumPy array")
     parser.add_argument("--tokens-per-batch", type=positive_int, default=8192,
                         help="padded tokens per forward pass")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device_name, default="cpu")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.set_defaults(run=run)
 

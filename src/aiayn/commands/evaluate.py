@@ -10,7 +10,7 @@ import argparse
 import json
 
 from aiayn.commands import engine
-from aiayn.commands.train import positive_int
+from aiayn.commands.train import device_name, positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="tokens per decoding batch")
     parser.add_argument("--limit", type=positive_int, default=None,
                         help="only the first N examples")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device_name, default="cpu")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--output", default=None, metavar="PATH",
                         help="also write the model outputs (one a line) here")

@@ -14,6 +14,7 @@ import argparse
 import sys
 
 from aiayn.commands import engine
+from aiayn.commands.train import device_name
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="error instead of sliding the context when it fills up")
     parser.add_argument("--no-stream", action="store_true", help="print when done")
     engine.add_arguments(parser)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device_name, default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.set_defaults(run=run)
 

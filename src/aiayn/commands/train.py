@@ -65,6 +65,16 @@ def _missing_task(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
+def device_name(text: str) -> str:
+    """argparse type: a device this PyTorch can use (a usage error naming why otherwise)."""
+    from aiayn.training.devices import check_device
+
+    try:
+        return check_device(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def positive_int(text: str) -> int:
     """argparse type: a count that must be at least 1 (a usage error otherwise, exit code 2)."""
     return _count(text, minimum=1, what="a positive integer")
@@ -96,7 +106,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-resume", action="store_true",
                        help="fail instead of resuming when RUN_DIR already holds checkpoints")
     group.add_argument("--seed", type=int, default=0)
-    group.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    group.add_argument("--device", type=device_name, default=None,
+                       help="cpu, cuda, ... (default: cuda if available)")
     group.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
     group = parser.add_argument_group("optimisation")

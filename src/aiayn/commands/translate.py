@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from aiayn.commands import engine
-from aiayn.commands.train import positive_int
+from aiayn.commands.train import device_name, positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="tokens per decoding batch")
     parser.add_argument("--batch-lines", type=positive_int, default=256,
                         help="lines read before translating (bounds memory on long inputs)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device_name, default="cpu")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     engine.add_arguments(parser)
     parser.set_defaults(run=run)
