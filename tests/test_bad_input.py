@@ -600,6 +600,13 @@ cli("run-cli-resume-classification-with-a-renamed-label",
             "\tnet\n", "\tzz_net\n"))), "--out", str(c.run("classification")), *COMMON,
         *TASK_ARGS["classification"], "--steps", "4"],
     "labels.json differs", "other data, labels or prefixes")
+cli("run-cli-resume-with-fewer-steps-than-done",
+    lambda c: resume_lm(c, c.run("lm"))[:-2] + ["--steps", "1"],
+    "is at step 2, past steps=1 (--steps)", "give more steps")
+cli("run-cli-train-out-is-a-file",
+    lambda c: ["train", "translation", "--data", str(c.data["translation"]), "--out",
+               str(c.file("out.txt", "my notes\n")), *COMMON, *TASK_ARGS["translation"]],
+    "--out", "out.txt is a file, not a run directory")
 cli("run-cli-init-from-a-translation-run",
     lambda c: train("classification", c, c.data["classification"],
                     extra=("--init", str(c.run("translation")))),

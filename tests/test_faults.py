@@ -411,3 +411,19 @@ def test_nonfinite_policy_on_the_command_line(tmp_path, capsys):
                     assert all(torch.isfinite(t).all() for t in tensors.values()), path
     finally:
         torch.set_num_threads(threads)
+
+
+def test_cleaning_up_temporaries_leaves_a_users_own_dot_tmp_files(tmp_path):
+    """Only names ``tempfile`` gives our temporaries (".<name>.<8 random>.tmp") are removed."""
+    import tempfile
+
+    from aiayn.training.checkpoint import remove_temporaries
+
+    ours_file = Path(tempfile.mkstemp(dir=tmp_path, prefix=".model.safetensors.", suffix=".tmp")[1])
+    ours_dir = Path(tempfile.mkdtemp(dir=tmp_path, prefix=".step-4.", suffix=".tmp"))
+    (tmp_path / ".notes.tmp").mkdir()
+    (tmp_path / ".notes.tmp" / "todo.txt").write_text("important")
+    (tmp_path / ".draft.tmp").write_text("keep")
+    assert sorted(remove_temporaries(tmp_path)) == sorted([ours_file, ours_dir])
+    assert (tmp_path / ".notes.tmp" / "todo.txt").read_text() == "important"
+    assert (tmp_path / ".draft.tmp").is_file()

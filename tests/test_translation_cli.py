@@ -113,7 +113,8 @@ def test_translate_compile_option_prints_the_eager_translations(tiny_tsv, tmp_pa
 
 
 @pytest.mark.parametrize("device, cuda_available, expected", [
-    ("cpu", False, "cpu"), ("cuda", False, "cuda"), (None, True, "cuda"), (None, False, "cpu")])
+    ("cpu", False, "cpu"), ("cpu", True, "cpu"), ("cuda", True, "cuda"), (None, True, "cuda"),
+    (None, False, "cpu")])
 def test_the_recipe_follows_the_training_device(device, cuda_available, expected, monkeypatch):
     """The CUDA recipe (more steps, averaged checkpoints, bf16 where native) on a CUDA device, named
     or found; the CPU recipe elsewhere; what the command line sets stays."""
@@ -139,6 +140,7 @@ def test_the_recipe_follows_the_training_device(device, cuda_available, expected
         recipe["steps"], recipe["eval_every"], recipe["save_every"], recipe["average_last"])
     assert config.autocast == ("bf16" if expected == "cuda" else None)
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # --device cuda is checked
     given = build_parser().parse_args(command + ["--steps", "7", "--average-last", "0",
                                                  "--autocast", "none", "--device", "cuda"])
     apply_recipe(given)
@@ -217,3 +219,15 @@ def test_evaluate_without_a_split_column_scores_every_row_or_the_hash_split_aske
     expected = len(split_pairs(read_pairs(files))["test"])
     assert (test["split"], test["split_by"], test["sentences"]) == ("test", "hash", expected)
     assert 0 < expected < 480
+
+
+def test_a_tokenizer_left_in_a_directory_without_checkpoints_is_not_reused(tiny_tsv, tmp_path):
+    """Only a resumed run keeps its tokenizer; a fresh run trains one with its --vocab-size."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(train_args(tiny_tsv, first, "--steps", "1", "--vocab-size", "80")) == 0
+    second.mkdir()
+    (second / "tokenizer.json").write_bytes((first / "tokenizer.json").read_bytes())
+    assert main(train_args(tiny_tsv, second, "--steps", "1", "--vocab-size", "160")) == 0
+    sizes = [json.loads((run / "run.json").read_text())["assets"]["vocab_size"]
+             for run in (first, second)]
+    assert sizes[0] <= 80 < sizes[1]

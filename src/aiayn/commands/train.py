@@ -13,6 +13,7 @@ import argparse
 import importlib
 import json
 import os
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -233,6 +234,10 @@ def training_config_from_args(args: argparse.Namespace, d_model: int):
 
 def run(args: argparse.Namespace) -> int:
     from aiayn.training.process_group import process_group_from_env
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():  # before the data is read and tokenizers trained
+        raise ValueError(f"--out {out} is a file, not a run directory")
 
     # Under torchrun: join the process group (and leave it even when training fails).
     with process_group_from_env(device=args.device, timeout_s=args.dist_timeout) as device:

@@ -160,8 +160,8 @@ class TranslationTask(PairBatches):
             self.pad_id, self.eos_id = config.pad_id, config.eos_id
             self.start_id = config.decoder_start_id
             max_length = min(max_length, config.max_length - 1)  # room for </s> in the table
-        elif saved is not None and saved.is_file():
-            self.tokenizer = SubwordTokenizer.load(saved)
+        elif saved is not None and saved.is_file() and (saved.parent / "checkpoints").is_dir():
+            self.tokenizer = SubwordTokenizer.load(saved)  # resuming: the same ids
         else:
             texts = [p.source for p in splits["train"]] + [p.target for p in splits["train"]]
             self.tokenizer = SubwordTokenizer.train(texts, vocab_size=vocab_size)

@@ -201,14 +201,19 @@ def remove_checkpoint(path: str | Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
+# What ``tempfile`` names our temporaries: ".<final name>." + 8 random characters + ".tmp".
+_TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
+
+
 def remove_temporaries(directory: str | Path) -> list[Path]:
     """Delete what a killed writer left in ``directory``: ``.<name>.<random>.tmp`` files and
-    directories (never a finished file). Returns the removed paths."""
+    directories, named as ``tempfile`` names ours (never a finished file, nor a user's own
+    ``.notes.tmp``). Returns the removed paths."""
     directory = Path(directory)
     removed = []
     if directory.is_dir():
         for child in directory.iterdir():
-            if child.name.startswith(".") and child.name.endswith(TEMP_SUFFIX):
+            if _TEMPORARY.fullmatch(child.name):
                 if child.is_dir() and not child.is_symlink():
                     shutil.rmtree(child, ignore_errors=True)
                 else:

@@ -131,6 +131,10 @@ class Trainer:
         self._checkpoint = None
         if checkpoints:  # weights go in before FSDP shards them; the rest in resume()
             tensors, meta, weights = read_checkpoint(checkpoints[-1])
+            if meta["step"] > config.steps:  # would train nothing and record the smaller total
+                raise ValueError(f"{self.run_dir} is at step {meta['step']}, past steps="
+                                 f"{config.steps} (--steps): give more steps to train further, "
+                                 f"or train into another directory")
             load_weights(model, weights)
             self._checkpoint = (tensors, meta)
         self.model = self.parallel.wrap(
