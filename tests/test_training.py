@@ -370,6 +370,30 @@ def test_average_last_and_best_pick_the_run_model(tmp_path):
     assert any(r["split"] == "valid_averaged" for r in records)
 
 
+def test_a_resumed_run_keeps_published_weights_better_than_its_checkpoints(tmp_path):
+    """The checkpoint average is published after the last checkpoint is written, so no checkpoint
+    records its score: a resumed run must still beat it before replacing the run's model."""
+    run(tmp_path, "a", ReverseTask(),
+        training_config(steps=4, save_every=2, eval_every=2, best_metric="loss", best_mode="min"))
+    run_json = tmp_path / "a" / "run.json"
+    info = json.loads(run_json.read_text())
+    best_loss = min(json.loads(line)["loss"] for line in (tmp_path / "a" / "log.jsonl")
+                    .read_text().splitlines() if json.loads(line)["split"] == "valid")
+    # As the published average leaves it: a better score than any checkpoint's best.
+    info.update(weights_source="average of 2@4",
+                weights_metrics={**info["weights_metrics"], "loss": best_loss / 10})
+    run_json.write_text(json.dumps(info))
+    weights = (tmp_path / "a" / "model.safetensors").read_bytes()
+    run(tmp_path, "a", ReverseTask(),
+        training_config(steps=8, save_every=2, eval_every=2, best_metric="loss", best_mode="min"))
+    after = json.loads(run_json.read_text())
+    assert after["weights_source"] == "average of 2@4"
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == weights
+    state = json.loads((tmp_path / "a" / "checkpoints" / "step-8" / "trainer_state.json")
+                       .read_text())
+    assert state["best"] == pytest.approx(best_loss / 10)  # carried into later checkpoints
+
+
 def test_nonfinite_gradient_skips_the_update(tmp_path):
     class Poisoned(ReverseTask):
         def loss(self, model, batch):

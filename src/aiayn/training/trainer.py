@@ -36,7 +36,7 @@ from aiayn.training.optimizer import make_optimizer
 from aiayn.training.rank_agreement import data_fingerprint, parameter_fingerprint
 from aiayn.training.run import (CHECKPOINT_DIR, FORMAT_VERSION, LOG_FILE, TENSORBOARD_DIR,
                                 WEIGHTS_FILE, check_resumable, check_same_assets, publish_weights,
-                                qualified_name, update_run_info)
+                                qualified_name, read_run_info, update_run_info)
 from aiayn.training.run_log import RunLog
 from aiayn.training.task import Task
 from aiayn.training.trainer_state import (capture_rng, optimizer_from_tensors,
@@ -193,6 +193,16 @@ class Trainer:
             self.scaler.load_state_dict(meta["scaler"])
         self.steps_done = meta["step"]
         self.best, self.skipped = meta.get("best"), meta.get("skipped", 0)
+        # The published weights may be better than any checkpoint's: the average of the last
+        # checkpoints, published after the last one was written. Later weights must beat them.
+        try:
+            published = read_run_info(self.run_dir).get("weights_metrics") or {}
+        except (OSError, ValueError):  # no run.json yet (killed before publishing anything)
+            published = {}
+        metric = self.config.best_metric
+        if metric is not None and isinstance(published.get(metric), (int, float)) and \
+                is_better(published[metric], self.best, self.config.best_mode):
+            self.best = published[metric]
         self.units_total = meta.get("units", 0)
         if meta.get("evaluated"):  # killed after its last checkpoint: not evaluated twice
             self.metrics, self.last_eval_step = meta.get("metrics", {}), self.steps_done
