@@ -78,6 +78,23 @@ def test_evaluate_scores_the_held_out_test_split_and_saves_the_confusion_matrix(
     assert "not a saved classification evaluation" in capsys.readouterr().err
 
 
+def test_evaluating_a_run_that_cannot_be_written_prints_the_scores_and_warns(
+        run_dir, data, capsys, monkeypatch):
+    """A shared, read-only model: the confusion files are not saved, the scores still come."""
+    import errno
+
+    from aiayn.training import checkpoint
+
+    def read_only(path, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes", read_only)
+    assert main(["evaluate", str(run_dir), "--data", str(data)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.strip().splitlines()[-1])["rows"] == 9
+    assert "warning: the confusion matrix was not saved" in captured.err
+
+
 def test_the_same_seed_gives_the_same_model_in_another_process(run_dir, data, tmp_path):
     import os
 

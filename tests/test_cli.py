@@ -32,3 +32,24 @@ def test_unknown_preset_is_a_clear_error(capsys):
 
 def test_no_command_prints_help_and_fails(capsys):
     assert main([]) == 2
+
+
+def test_an_allocation_too_large_for_the_machine_is_a_one_line_error(capsys, monkeypatch):
+    """As a huge --set max_length or --max-tokens gives: no traceback, the options to lower."""
+    import argparse
+
+    from aiayn import cli
+
+    def allocate(args):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't "
+                           "allocate memory: you tried to allocate 51200000000 bytes")
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(run=allocate, command="train")
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    assert cli.main([]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("aiayn train: error: out of memory") and "--max-tokens" in error
+    parser.set_defaults(run=lambda args: (_ for _ in ()).throw(RuntimeError("another failure")))
+    with pytest.raises(RuntimeError, match="another failure"):  # not every RuntimeError
+        cli.main([])

@@ -53,6 +53,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, TypeError) as error:
         print(f"aiayn {args.command}: error: {error}", file=sys.stderr)
         return 1
+    except (MemoryError, RuntimeError) as error:  # an allocation too large for this machine
+        if not _out_of_memory(error):
+            raise
+        print(f"aiayn {args.command}: error: out of memory ({str(error).splitlines()[0][:200]}); "
+              f"lower the sizes that set it (--max-tokens, --batch-size, --max-length, "
+              f"--set max_length=...)", file=sys.stderr)
+        return 1
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation failure (CPU, or CUDA's "out of memory"), not another
+    runtime error."""
+    return isinstance(error, MemoryError) or any(
+        text in str(error) for text in ("can't allocate memory", "out of memory"))
 
 
 if __name__ == "__main__":

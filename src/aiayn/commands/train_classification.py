@@ -203,7 +203,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     saves it (TSV + JSON) under RUN_DIR/evaluation/."""
     from aiayn.data.labelled_tsv import read_labelled_tsv
     from aiayn.tasks.classification import score
-    from aiayn.training.checkpoint import atomic_write_bytes, atomic_write_json
+    from aiayn.training.checkpoint import atomic_write_bytes
     from aiayn.tasks.checkpoints import load_model_dir
 
     if len(args.data) != 1:
@@ -221,19 +221,31 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                                   tokens_per_batch=max(args.max_tokens, assets.max_tokens) * 8)
     print(report.confusion_table(), file=sys.stderr)
     if (Path(args.run_dir) / "run.json").is_file():  # not into a checkpoint directory
-        directory = Path(args.run_dir) / "evaluation"
-        directory.mkdir(exist_ok=True)
-        stem = f"{path.name.split('.')[0]}.{args.split}"
-        atomic_write_bytes(directory / f"{stem}.confusion.tsv", report.confusion_tsv().encode())
-        atomic_write_json(directory / f"{stem}.json", {"data": str(path), "rows": which,
-                                                       **report.to_dict()})
-        print(f"saved {directory / (stem + '.confusion.tsv')} and {stem}.json", file=sys.stderr)
+        save_report(Path(args.run_dir), f"{path.name.split('.')[0]}.{args.split}", report,
+                    {"data": str(path), "rows": which})
     if args.output:
         lines = [f"{assets.labels.name(int(i))}\t{float(p):.6f}"
                  for p, i in zip(*probabilities.max(-1))]
         atomic_write_bytes(args.output, ("\n".join(lines) + "\n").encode("utf-8"))
     return {"task": "classification", "data": str(path), "split": args.split, "rows": len(rows),
             "accuracy": report.accuracy, "macro_f1": report.macro_f1}
+
+
+def save_report(run_dir: Path, stem: str, report: Any, details: dict[str, Any]) -> None:
+    """RUN_DIR/evaluation/STEM.confusion.tsv and STEM.json; where the run directory cannot be
+    written (a shared, read-only model) a warning, since the scores are printed anyway."""
+    from aiayn.training.checkpoint import atomic_write_bytes, atomic_write_json
+
+    directory = run_dir / "evaluation"
+    try:
+        directory.mkdir(exist_ok=True)
+        atomic_write_bytes(directory / f"{stem}.confusion.tsv", report.confusion_tsv().encode())
+        atomic_write_json(directory / f"{stem}.json", {**details, **report.to_dict()})
+    except OSError as error:
+        print(f"aiayn evaluate: warning: the confusion matrix was not saved ({error})",
+              file=sys.stderr)
+        return
+    print(f"saved {directory / (stem + '.confusion.tsv')} and {stem}.json", file=sys.stderr)
 
 
 def _evaluation_rows(data, split_settings: dict[str, Any] | None, split: str):

@@ -91,7 +91,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Accuracy and macro-F1 of RUN_DIR on ``--data``; prints the confusion matrix (stderr) and
     saves it (TSV + JSON) under RUN_DIR/evaluation/."""
     from aiayn.tasks.image_classification import score
-    from aiayn.training.checkpoint import atomic_write_bytes, atomic_write_json
+    from aiayn.commands.train_classification import save_report
+    from aiayn.training.checkpoint import atomic_write_bytes
     from aiayn.training.run import load_run
 
     if len(args.data) != 1:
@@ -104,13 +105,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     run.model.to(args.device)
     report, probabilities = score(run.model, run.assets, images, device=args.device)
     print(report.confusion_table(), file=sys.stderr)
-    directory = Path(args.run_dir) / "evaluation"
-    directory.mkdir(exist_ok=True)
-    stem = f"{Path(args.data[0]).name.replace(':', '-')}.{args.split}"
-    atomic_write_bytes(directory / f"{stem}.confusion.tsv", report.confusion_tsv().encode())
-    atomic_write_json(directory / f"{stem}.json", {"data": args.data[0], "images": which,
-                                                   **report.to_dict()})
-    print(f"saved {directory / (stem + '.confusion.tsv')} and {stem}.json", file=sys.stderr)
+    save_report(Path(args.run_dir), f"{Path(args.data[0]).name.replace(':', '-')}.{args.split}",
+                report, {"data": args.data[0], "images": which})
     if args.output:
         lines = [f"{source}\t{run.assets.labels.name(int(i))}\t{float(p):.6f}"
                  for source, p, i in zip(images.sources, *probabilities.max(-1))]
