@@ -32,6 +32,12 @@ def text_file(tmp_path):
 
 
 # --- reading text --------------------------------------------------------------------------------
+def test_windows_line_ends_read_as_newlines(tmp_path):
+    """A CR LF file gives the text (and so the vocabulary) of its LF twin; a lone CR stays."""
+    (tmp_path / "crlf.txt").write_bytes(b"First Citizen:\r\nSpeak.\r\n\r\nA\rB\n")
+    assert read_text(tmp_path / "crlf.txt") == "First Citizen:\nSpeak.\n\nA\rB\n"
+
+
 def test_read_text_errors_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.txt: text file not found"):
         read_text(tmp_path / "missing.txt")

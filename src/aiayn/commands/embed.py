@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aiayn.commands import summary
 from aiayn.commands.train import device_name, positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "embed", help="sentence embeddings of stdin lines (or --input) with an encoder",
-        description=__doc__.strip().splitlines()[0],
+        description=summary(__doc__),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="DIR", help="a BERT checkpoint directory or an aiayn "
                         "classification / mlm run directory")

@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from aiayn.commands import engine
-from aiayn.commands.train import device_name
+from aiayn.commands.train import device_name, positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,9 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "a Hugging Face GPT-2 / Llama checkpoint directory")
     parser.add_argument("--prompt", action="append", default=None, metavar="TEXT",
                         help="text to continue (repeat for a batch of prompts; default: a newline)")
-    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=200)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest")
+    parser.add_argument("--top-k", type=positive_int, default=None,
+                        help="sample from the k likeliest")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
     parser.add_argument("--greedy", action="store_true", help="always the likeliest token")
     parser.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
@@ -39,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-stream", action="store_true", help="print when done")
     engine.add_arguments(parser)
     parser.add_argument("--device", type=device_name, default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.set_defaults(run=run)
 
 
@@ -99,6 +100,10 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.decoding.generation import GenerationConfig
     from aiayn.tasks.checkpoints import load_model_dir
 
+    # Checked before the model loads or anything is printed.
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, greedy=args.greedy,
+                              seed=args.seed, slide=not args.no_slide)
     if args.threads:
         torch.set_num_threads(args.threads)
     run_ = load_model_dir(args.run_dir, task="lm")
@@ -145,9 +150,6 @@ def run(args: argparse.Namespace) -> int:
     if stream:
         sys.stdout.write(prompts[0])
         sys.stdout.flush()
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, greedy=args.greedy,
-                              seed=args.seed, slide=not args.no_slide)
     result = inference.generate(rows, config, stop=stop if args.stop else None,
                                 on_step=on_step if stream else None)
     for index, tokens in enumerate(result.tokens):

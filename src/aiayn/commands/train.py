@@ -17,6 +17,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from aiayn.commands import summary
+
 TASKS: dict[str, str] = {
     "translation": "aiayn.commands.train_translation",
     "lm": "aiayn.commands.train_lm",
@@ -49,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tasks = parser.add_subparsers(dest="task", metavar="TASK")
     for name in available_tasks():
         module = task_module(name)
-        doc = (module.__doc__ or name).strip().splitlines()[0]
+        doc = summary(module.__doc__, name)
         task_parser = tasks.add_parser(name, help=doc, description=doc,
                                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         add_training_arguments(task_parser)

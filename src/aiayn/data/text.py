@@ -22,7 +22,8 @@ from aiayn.data.text_files import data_error, read_lines
 
 def read_text(path: str | Path) -> str:
     """The whole UTF-8 text of ``path`` (gzip-compressed if its name ends in ``.gz``), every
-    character kept (line ends included) except a leading byte-order mark.
+    character kept (line ends included) except a leading byte-order mark; Windows line ends
+    (CR LF) read as LF, as Python's text mode reads them (no stray "\\r" in the vocabulary).
 
     Raises:
         FileNotFoundError: no such file.
@@ -30,9 +31,11 @@ def read_text(path: str | Path) -> str:
         ValueError: the file is empty (or only whitespace), not UTF-8 (``path:line: ...``), or a
             ``.gz`` file that is not gzip.
     """
-    text = "".join(line for _, line in read_lines(path, what="text file", keep_ends=True))
+    text = "".join(line[:-2] + "\n" if line.endswith("\r\n") else line
+                   for _, line in read_lines(path, what="text file", keep_ends=True))
     if not text.strip():
-        raise data_error(path, "the file is empty; a language model needs text to learn from")
+        raise data_error(path, "the file is empty or holds only whitespace; a language model "
+                               "needs text to learn from")
     return text
 
 
