@@ -119,6 +119,19 @@ def test_embed_with_a_classification_run(run_dir, tmp_path):
     assert numpy.allclose(numpy.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
 
 
+def test_embed_errors_name_the_input_and_the_output(run_dir, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    assert main(["embed", str(run_dir), "--input", str(empty)]) == 1
+    assert "empty.txt: no text to embed (the input is empty)" in capsys.readouterr().err
+    texts = tmp_path / "texts.txt"
+    texts.write_text("network proxy server\n", encoding="utf-8")
+    missing = tmp_path / "no-such-folder" / "v.npy"
+    assert main(["embed", str(run_dir), "--input", str(texts), "--output", str(missing)]) == 1
+    assert f"cannot write file {missing}" in capsys.readouterr().err
+    assert not missing.parent.exists()
+
+
 def test_classify_stdin_and_arguments(run_dir):
     lines = "network proxy server\nmusic mixer audio synth\nchess puzzle game\n"
     result = subprocess.run([sys.executable, "-m", "aiayn", "classify", str(run_dir)],

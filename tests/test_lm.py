@@ -145,6 +145,9 @@ def test_task_sets_vocabulary_and_context_and_rejects_short_text(text_file, tmp_
     with pytest.raises(ValueError, match="validation part of .*short.txt.* shorter than the "
                                          "context of 16"):
         LanguageModelTask(short, block_size=16).model_config(TransformerConfig.preset("baby-gpt"))
+    for field in ("block_size", "batches_per_epoch"):  # 0 is not "unset"
+        with pytest.raises(ValueError, match=f"{field} must be a positive integer, got 0"):
+            LanguageModelTask(text_file, **{field: 0})
 
 
 def test_baby_gpt_preset_is_nanogpts_baby_gpt():

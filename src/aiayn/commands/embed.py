@@ -51,18 +51,24 @@ def run(args: argparse.Namespace) -> int:
         if not line.strip():
             raise ValueError(f"{source}:{number}: empty text")
         texts.append(line)
+    if not texts:
+        raise ValueError(f"{source}: no text to embed (the input is empty)")
     vectors = embed_texts(embedder, texts, tokens_per_batch=args.tokens_per_batch,
                           device=args.device)
-    if args.output and args.output.endswith(".npy"):
+    from aiayn.training.checkpoint import atomic_write_bytes
+
+    if args.output and args.output.endswith(".npy"):  # written whole or not at all, as text is
+        import io
+
         import numpy
 
-        numpy.save(args.output, vectors.numpy())
+        buffer = io.BytesIO()
+        numpy.save(buffer, vectors.numpy())
+        atomic_write_bytes(args.output, buffer.getvalue())
         print(f"wrote {args.output}: {tuple(vectors.shape)} float32", file=sys.stderr)
         return 0
     text = "".join(" ".join(f"{value:.7g}" for value in row) + "\n" for row in vectors.tolist())
     if args.output:
-        from aiayn.training.checkpoint import atomic_write_bytes
-
         atomic_write_bytes(args.output, text.encode("utf-8"))
     else:
         sys.stdout.write(text)

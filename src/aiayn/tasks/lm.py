@@ -102,8 +102,9 @@ class LanguageModelTask:
         for field, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field} must be a positive integer, got {value!r}")
-        if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
-            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        for field, value in (("block_size", block_size), ("batches_per_epoch", batches_per_epoch)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{field} must be a positive integer, got {value!r}")
         self.path = Path(data)
         text = read_text(self.path)
         self.pretrained = pretrained
