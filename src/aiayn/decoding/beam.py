@@ -28,6 +28,17 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def check_beam_options(beam_size: int, alpha: float, vocab_size: int) -> None:
+    """Raise ValueError unless K is a positive integer with 2K candidates in the vocabulary and
+    alpha a non-negative number."""
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+    if 2 * beam_size > vocab_size:
+        raise ValueError(f"beam_size {beam_size} is too large for a vocabulary of {vocab_size}")
+    if not alpha >= 0:  # NaN too
+        raise ValueError(f"alpha must be non-negative, got {alpha!r}")
+
+
 def force_eos(log_probs: Tensor, forced: Tensor, eos: int) -> Tensor:
     """``log_probs`` (n*K, V) where rows ``forced`` (n*K,) may only end: every token but </s> -inf."""
     others = torch.arange(log_probs.shape[-1], device=log_probs.device) != eos  # (V,)
@@ -63,6 +74,11 @@ def extend(log_probs: Tensor, scores: Tensor, eos: int) -> Extensions:
                       top_token.gather(1, order))
 
 
+def best_hypothesis(finished: list[Hypothesis]) -> Hypothesis:
+    """The highest-scoring finished hypothesis (the first among equals); none: empty, -inf."""
+    return max(finished, key=lambda h: h.score) if finished else Hypothesis([], float("-inf"))
+
+
 def sentence_done(finished: list[Hypothesis], limit: int, position: int, best_live: float,
                   beam_size: int, alpha: float) -> bool:
     """Whether a sentence stops after step ``position``: its length limit is reached, or it has
@@ -94,13 +110,7 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
         ValueError: beam_size < 1 or larger than the vocabulary allows, alpha < 0.
     """
     config = model.config
-    vocab = config.vocab_size
-    if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
-    if 2 * beam_size > vocab:
-        raise ValueError(f"beam_size {beam_size} is too large for a vocabulary of {vocab}")
-    if not alpha >= 0:  # NaN too
-        raise ValueError(f"alpha must be non-negative, got {alpha!r}")
+    check_beam_options(beam_size, alpha, config.vocab_size)
     K, eos = beam_size, config.eos_id
     device = source.device
     batch = source.shape[0]
@@ -169,9 +179,4 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
         cache.reorder(rows, cross=False)  # self-attention only: cross keys/values are per sentence
         history = torch.cat([history[rows], new_tokens.view(-1, 1)], dim=1)  # (n'*K, t+1)
         tokens = new_tokens.view(-1, 1)  # (n'*K, 1)
-    results = []
-    for index in range(batch):
-        hypotheses = finished[index]
-        results.append(max(hypotheses, key=lambda h: h.score) if hypotheses
-                       else Hypothesis([], float("-inf")))
-    return results
+    return [best_hypothesis(hypotheses) for hypotheses in finished]

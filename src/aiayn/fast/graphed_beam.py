@@ -38,7 +38,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aiayn.decoding.beam import extend, force_eos, length_penalty, sentence_done
+from aiayn.decoding.beam import (best_hypothesis, check_beam_options, extend, force_eos,
+                                 length_penalty, sentence_done)
 from aiayn.decoding.greedy import Hypothesis, blocked_tokens, output_limits
 from aiayn.fast.cuda_graphs import storage_key
 from aiayn.nn.attention.cache import DecoderCache, KVCache
@@ -200,13 +201,7 @@ class GraphedBeam:
         moved, cast or given new parameter tensors since a shape's graph was captured gets a new
         one (``storage_key``)."""
         config = model.config
-        if not isinstance(beam_size, int) or beam_size < 1:
-            raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
-        if 2 * beam_size > config.vocab_size:
-            raise ValueError(f"beam_size {beam_size} is too large for a vocabulary of "
-                             f"{config.vocab_size}")
-        if not alpha >= 0:  # NaN too
-            raise ValueError(f"alpha must be non-negative, got {alpha!r}")
+        check_beam_options(beam_size, alpha, config.vocab_size)
         K = beam_size
         limits_all = output_limits(source_mask, max_extra=max_extra,
                                    model_max_length=config.max_length)  # (B,)
@@ -263,5 +258,4 @@ class GraphedBeam:
                 break
             parents.append((beams.astype(np.int64) + offsets).reshape(-1))
             tokens.append(chosen.astype(np.int64).reshape(-1))
-        return [max(hypotheses, key=lambda h: h.score) if hypotheses
-                else Hypothesis([], float("-inf")) for hypotheses in finished]
+        return [best_hypothesis(hypotheses) for hypotheses in finished]
