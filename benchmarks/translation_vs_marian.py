@@ -323,7 +323,7 @@ def generate_ids(marian, sources: list[list[int]], *, beam_size: int, alpha: flo
                                  shuffle=False):
         source = collate([sources[i] for i in indices], None, indices, pad_id=PAD_ID,
                          bos_id=BOS_ID, eos_id=EOS_ID).source  # (B, S)
-        positions = [min(lengths[i] + MAX_EXTRA, limit) for i in indices]  # output_limits
+        positions = [min(lengths[i] + MAX_EXTRA, max_length) for i in indices]  # output_limits
         config = GenerationConfig(
             max_new_tokens=max(positions), min_new_tokens=0, do_sample=False,
             decoder_start_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
