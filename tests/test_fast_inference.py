@@ -436,6 +436,29 @@ def test_fixed_shape_steps_follow_a_model_cast_or_given_new_parameter_tensors(ch
     assert all(searcher.shapes[key] is not old for key, old in before[1].items())
 
 
+def test_a_failing_graph_capture_falls_back_to_the_plain_beam_search(monkeypatch):
+    """Unmeasured GPUs and PyTorch versions: a capture that fails warns once, then the engine
+    searches without graphs (same hypotheses); a caller's mistake is raised, not swallowed."""
+    from aiayn.fast.graphed_beam import GraphedBeam
+
+    def fail(self, *args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    model = eos_prone_translator(1, 1.0)
+    mask = BEAM_SOURCES != CONFIG.pad_id
+    engine = prepare_for_inference(model, InferenceOptions(compile=False))
+    monkeypatch.setattr(InferenceEngine, "uses_cuda_graphs", lambda self: True)
+    monkeypatch.setattr(GraphedBeam, "__call__", fail)
+    with pytest.warns(RuntimeWarning, match="CUDA-graph beam search failed.*capturing"):
+        got = engine.beam_search(BEAM_SOURCES, mask, max_extra=8)
+    assert_same_hypotheses(got, beam_search(model, BEAM_SOURCES, mask, max_extra=8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        engine.beam_search(BEAM_SOURCES, mask, max_extra=8)
+    with pytest.raises(ValueError, match="beam_size"):
+        engine.beam_search(BEAM_SOURCES, mask, beam_size=0)
+
+
 def test_cuda_graphs_apply_only_to_cuda_models_with_exact_kernels():
     engine = prepare_for_inference(lm(), InferenceOptions(compile=False))
     assert not engine.uses_cuda_graphs()  # a CPU model

@@ -150,7 +150,15 @@ class InferenceEngine:
                         if self.compiles else beam_slot_step)
                 self._graphed_beam = GraphedBeam(step, use_graph=True)
         if self._graphed_beam:
-            return self._graphed_beam(self.model, source, source_mask, **kwargs)
+            try:
+                return self._graphed_beam(self.model, source, source_mask, **kwargs)
+            except (ValueError, TypeError, IndexError):
+                raise  # the caller's mistake: the plain search would raise it too
+            except RuntimeError as error:  # capturing failed on this GPU / PyTorch: go on plainly
+                self._graphed_beam = False
+                warnings.warn(f"aiayn: the CUDA-graph beam search failed ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else ''}); beam search "
+                              f"runs without graphs", RuntimeWarning, stacklevel=2)
         return beam_search(self.model, source, source_mask, step=self.decoder_step, **kwargs)
 
 
