@@ -264,6 +264,17 @@ def test_fixed_shape_steps_give_the_plain_loops_tokens(prompts, options):
     assert len(steps.shapes) == 1
 
 
+def test_fixed_shape_steps_keep_the_most_recently_used_shapes():
+    from aiayn.fast.cuda_graphs import GraphedSteps
+
+    model = lm()
+    steps = GraphedSteps(use_graph=False, max_shapes=2)
+    for new in (4, 6, 8, 4):  # capacities 7, 9, 11, 7 for a 4-token prompt
+        got = generate(model, PROMPTS[:1], max_new_tokens=new, greedy=True, steps=steps)
+        assert got.tokens == generate(model, PROMPTS[:1], max_new_tokens=new, greedy=True).tokens
+    assert list(steps.shapes) == [(1, 11), (1, 7)]
+
+
 def test_fixed_shape_steps_slide_past_the_context_like_the_plain_loop():
     from aiayn.fast.cuda_graphs import GraphedSteps
 

@@ -32,6 +32,19 @@ def storage_key(model: nn.Module) -> tuple:
                  for t in (*model.parameters(), *model.buffers()))
 
 
+def use_shape(shapes: dict, key: tuple, model: nn.Module, make: Callable[[], object],
+              limit: int):
+    """``shapes[key]``, made by ``make()`` when absent or captured for another ``storage_key``; the
+    ``limit`` most recently used shapes are kept (each holds a cache and a graph's memory)."""
+    entry = shapes.pop(key, None)
+    if entry is None or entry.storage != storage_key(model):
+        while len(shapes) >= limit:  # the least recently used goes
+            shapes.pop(next(iter(shapes)))
+        entry = make()
+    shapes[key] = entry  # now the most recently used
+    return entry
+
+
 def slot_step(model: nn.Module, ids: Tensor, padding_mask: Tensor, positions: Tensor, cache,
               slots: Tensor) -> Tensor:
     """Logits (B, V) of a fixed-shape step: ``ids`` (B, 1) at cache slot ``slots`` (1,)."""
@@ -83,24 +96,26 @@ class FixedStep:
 
 class GraphedSteps(Steps):
     """``generate``'s steps at fixed shapes (see the module docstring), one ``FixedStep`` per
-    (batch, capacity) kept while this object lives.
+    (batch, capacity), the ``max_shapes`` most recently used kept.
 
     Args:
         step: ``slot_step`` or a compiled version of it.
         use_graph: capture and replay CUDA graphs (needs the model on a CUDA device).
+        max_shapes: how many shapes' caches and graphs to keep.
     """
 
-    def __init__(self, step: Callable = slot_step, *, use_graph: bool = True):
+    def __init__(self, step: Callable = slot_step, *, use_graph: bool = True,
+                 max_shapes: int = 8):
         super().__init__()
-        self.fixed_step, self.use_graph = step, use_graph
+        self.fixed_step, self.use_graph, self.max_shapes = step, use_graph, max_shapes
         self.shapes: dict[tuple[int, int], FixedStep] = {}
         self.current: FixedStep | None = None
 
     def new_cache(self, model: nn.Module, batch: int, capacity: int):
-        key = (batch, capacity)
-        if key not in self.shapes or self.shapes[key].storage != storage_key(model):
-            self.shapes[key] = FixedStep(model, batch, capacity, self.fixed_step, self.use_graph)
-        self.current = self.shapes[key]
+        self.current = use_shape(
+            self.shapes, (batch, capacity), model,
+            lambda: FixedStep(model, batch, capacity, self.fixed_step, self.use_graph),
+            self.max_shapes)
         self.current.cache.length = 0  # the prefill writes from slot 0 again
         return self.current.cache
 

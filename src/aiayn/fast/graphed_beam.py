@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from aiayn.decoding.beam import (best_hypothesis, check_beam_options, extend, force_eos,
                                  length_penalty, sentence_done)
 from aiayn.decoding.greedy import Hypothesis, blocked_tokens, output_limits
-from aiayn.fast.cuda_graphs import storage_key
+from aiayn.fast.cuda_graphs import storage_key, use_shape
 from aiayn.nn.attention.cache import DecoderCache, KVCache
 
 
@@ -208,18 +208,16 @@ class GraphedBeam:
         sources, source_length = source_mask.shape
         steps = int(limits_all.max())
         limits = limits_all.tolist()
-        key = (sources, K, steps, source_length)
-        if key not in self.shapes or self.shapes[key].storage != storage_key(model):
+        def make() -> FixedBeam:
             if not self.supports(model):
                 raise ValueError("GraphedBeam needs an encoder-decoder with softmax attention and "
                                  "no relative position bias; use aiayn.decoding.beam.beam_search")
             with torch.inference_mode(False):  # plain tensors: usable in and out of inference mode
                 state = BeamState(model, sources, K, steps, source_length)
-            self.shapes.pop(key, None)
-            while len(self.shapes) >= self.max_shapes:  # the least recently used goes
-                self.shapes.pop(next(iter(self.shapes)))
-            self.shapes[key] = FixedBeam(model, state, self.step, self.use_graph)
-        fixed = self.shapes[key] = self.shapes.pop(key)  # now the most recently used
+            return FixedBeam(model, state, self.step, self.use_graph)
+
+        fixed = use_shape(self.shapes, (sources, K, steps, source_length), model, make,
+                          self.max_shapes)
         memory = model.encode(source, source_mask)  # (B, S, D)
         report = fixed.state.start(model, memory, source_mask, limits_all,
                                    config.decoder_start_id)
