@@ -47,7 +47,8 @@ class InferenceOptions:
         mode: ``torch.compile``'s mode (None: its default).
         cuda_graphs: on a CUDA device, decoder-only generation and encoder-decoder beam search
             replay fixed-shape steps from CUDA graphs (one per batch size and cache capacity, and
-            for beam search per source length, captured on first use).
+            for beam search per source length, captured on first use; the 8 most recently used
+            shapes are kept).
     """
 
     compile: bool | None = None
