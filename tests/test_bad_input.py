@@ -347,6 +347,9 @@ cli("config-cli-zero-accumulation",
 cli("config-cli-negative-keep-last",
     lambda c: train("mlm", c, c.data["mlm"], extra=("--keep-last", "-1")),
     "argument --keep-last: must be a non-negative integer", code=2)
+cli("config-cli-best-metric-the-task-does-not-report",
+    lambda c: train("classification", c, c.data["classification"], extra=("--best-metric", "f1")),
+    "best_metric 'f1' is not among the task's metrics ['accuracy', 'loss', 'macro_f1']")
 cli("config-cli-negative-weight-decay",
     lambda c: train("lm", c, c.data["lm"], extra=("--weight-decay", "-0.1")),
     "weight_decay must be non-negative", "-0.1")

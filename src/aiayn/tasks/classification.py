@@ -175,6 +175,9 @@ class ClassificationTask:
         return nn.functional.cross_entropy(logits.float(), batch.targets, reduction="sum",
                                            label_smoothing=self.label_smoothing)
 
+    def metric_names(self) -> set[str]:
+        return {"loss", "accuracy", "macro_f1"}
+
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         probabilities = predict_probabilities(model, self.valid_ids, pad_id=self.tokenizer.pad_id,
                                               device=self.device)

@@ -124,6 +124,9 @@ class ImageClassificationTask:
         return nn.functional.cross_entropy(logits.float(), batch.targets, reduction="sum",
                                            label_smoothing=self.label_smoothing)
 
+    def metric_names(self) -> set[str]:
+        return {"loss", "accuracy", "macro_f1"}
+
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         probabilities = predict_probabilities(model, self.valid_images, device=self.device)
         loss = nn.functional.nll_loss(probabilities.clamp_min(1e-12).log(), self.valid_targets)

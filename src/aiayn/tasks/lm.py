@@ -164,6 +164,9 @@ class LanguageModelTask:
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
         return token_loss(model, *batch)
 
+    def metric_names(self) -> set[str]:
+        return {"loss", "ppl", "bpc", "tokens"}
+
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         return evaluate_ids(model, self.valid_ids, block_size=self.block_size,
                             batch_size=self.eval_batch_size, device=self.device)

@@ -129,6 +129,9 @@ class MaskedLMTask:
         loss = nn.functional.cross_entropy(logits, targets, reduction="sum")
         return loss, (logits.argmax(-1) == targets).sum()
 
+    def metric_names(self) -> set[str]:
+        return {"loss", "ppl", "accuracy"}
+
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         total, hits, count = 0.0, 0, 0
         for batch in self.valid_batches:

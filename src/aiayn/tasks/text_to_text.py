@@ -114,6 +114,14 @@ class TextToTextTask(PairBatches):
     def build_model(self, model_config: TransformerConfig) -> nn.Module:
         return Transformer(model_config)
 
+    def metric_names(self) -> set[str]:
+        """loss and ppl; BLEU and chrF when translations are decoded; accuracy when
+        classification examples are."""
+        kinds = {e.kind for e in self.valid}
+        return ({"loss", "ppl"}
+                | ({"bleu", "chrf"} if "translation" in kinds and self.valid_sentences else set())
+                | ({"accuracy"} if "classification" in kinds else set()))
+
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         metrics = self.valid_loss(model)
         translations = [e for e in self.valid if e.kind == "translation"][:self.valid_sentences]

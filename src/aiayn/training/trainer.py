@@ -335,6 +335,9 @@ class Trainer:
         model when they are the best so far on ``config.best_metric``."""
         self.check_finite()
         metrics = evaluate_model(self.parallel.eval_model, self.task)
+        if hasattr(self.task, "metric_names") and set(metrics) != self.task.metric_names():
+            raise RuntimeError(f"task {self.task.name!r} reported {sorted(metrics)} but declares "
+                               f"{sorted(self.task.metric_names())} (metric_names)")
         self.log.write({"step": self.steps_done, "split": "valid", **metrics})
         metric = self.config.best_metric
         if metric is not None:
