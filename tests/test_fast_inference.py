@@ -264,6 +264,46 @@ def test_fixed_shape_steps_give_the_plain_loops_tokens(prompts, options):
     assert len(steps.shapes) == 1
 
 
+def test_capture_warms_up_on_a_side_stream_then_captures_one_run(monkeypatch):
+    """The order ``capture`` follows, with torch.cuda's stream and graph objects recorded (no GPU
+    here): three warm-up runs, each after ``prepare``, on a side stream; then one run inside the
+    graph's capture, whose output is returned with the graph."""
+    import contextlib
+
+    from aiayn.fast import cuda_graphs
+
+    events = []
+
+    class Stream:
+        def wait_stream(self, other):
+            events.append("wait")
+
+    @contextlib.contextmanager
+    def on(where):
+        events.append(f"enter {where}")
+        yield
+        events.append(f"exit {where}")
+
+    class Graph:
+        pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: on("side stream"))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: on("capture"))
+    runs = iter(range(10))
+
+    def run():
+        events.append("run")
+        return torch.tensor(next(runs))
+
+    graph, output = cuda_graphs.capture(run, lambda: events.append("prepare"))
+    assert isinstance(graph, Graph) and int(output) == 3  # the fourth run: the captured one
+    assert events == ["wait", "enter side stream", *["prepare", "run"] * 3, "exit side stream",
+                      "wait", "enter capture", "run", "exit capture"]
+
+
 def test_fixed_shape_steps_keep_the_most_recently_used_shapes():
     from aiayn.fast.cuda_graphs import GraphedSteps
 

@@ -32,6 +32,24 @@ def storage_key(model: nn.Module) -> tuple:
                  for t in (*model.parameters(), *model.buffers()))
 
 
+def capture(run: Callable[[], Tensor], prepare: Callable[[], None] = lambda: None
+            ) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+    """``run()`` captured in a CUDA graph: a few runs on a side stream first (CUDA graphs need
+    warmed-up libraries and, for a compiled step, the compiled code), each after ``prepare()``,
+    then the capture. Returns the graph and the output tensor that each replay rewrites."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(3):
+            prepare()
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        output = run()
+    return graph, output
+
+
 def use_shape(shapes: dict, key: tuple, model: nn.Module, make: Callable[[], object],
               limit: int):
     """``shapes[key]``, made by ``make()`` when absent or captured for another ``storage_key``; the
@@ -74,18 +92,8 @@ class FixedStep:
         return self.step(model, self.ids, self.mask, self.positions, self.cache, self.slots)
 
     def _capture(self, model: nn.Module) -> None:
-        # A few runs on a side stream first (CUDA graphs need warmed-up libraries and, for a
-        # compiled step, the compiled code), then the capture. What they write into the cache is
-        # overwritten by the next prefill.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.no_grad():
-            for _ in range(3):
-                self._run(model)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.no_grad():
-            self.logits = self._run(model)
+        # What the warm-up runs write into the cache is overwritten by the next prefill.
+        self.graph, self.logits = capture(lambda: self._run(model))
 
     def __call__(self, model: nn.Module) -> Tensor:
         if self.graph is None:

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from aiayn.decoding.beam import (best_hypothesis, check_beam_options, extend, force_eos,
                                  length_penalty, sentence_done)
 from aiayn.decoding.greedy import Hypothesis, blocked_tokens, output_limits
-from aiayn.fast.cuda_graphs import storage_key, use_shape
+from aiayn.fast.cuda_graphs import capture, storage_key, use_shape
 from aiayn.nn.attention.cache import DecoderCache, KVCache
 
 
@@ -145,20 +145,13 @@ class FixedBeam:
         self.storage = storage_key(model)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.report: Tensor | None = None
-        if use_graph:
-            # Warm-up runs on a side stream (CUDA graphs need warmed-up libraries and compiled
-            # code), then the capture. What they write is reset by the next search's ``start``.
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), torch.no_grad():
-                for _ in range(3):
-                    state.positions.zero_()  # each run writes slot 0, within any capacity
-                    state.slots.zero_()
-                    self.step(model, state, state.cache)
-            torch.cuda.current_stream().wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph), torch.no_grad():
-                self.report = self.step(model, state, state.cache)
+        if use_graph:  # what the warm-up runs write is reset by the next search's ``start``
+            def rewind() -> None:  # each warm-up run writes slot 0, within any capacity
+                state.positions.zero_()
+                state.slots.zero_()
+
+            self.graph, self.report = capture(lambda: self.step(model, state, state.cache),
+                                              rewind)
 
     def __call__(self, model: nn.Module) -> Tensor:
         if self.graph is None:
