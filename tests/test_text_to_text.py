@@ -74,7 +74,7 @@ def test_the_query_init_folds_in_the_score_scale_without_scale_attention():
 
 
 @pytest.mark.slow  # two short trainings and their evaluations (~half a minute)
-def test_train_and_evaluate_text_to_text_from_the_command_line(tmp_path, capsys):
+def test_train_and_evaluate_text_to_text_from_the_command_line(tmp_path, capsys, monkeypatch):
     translation, classification = write_data(tmp_path)
     common = ["--translation-data", str(translation), "--classification-data",
               str(classification), "--steps", "30", "--eval-every", "30", "--save-every", "30",
@@ -102,3 +102,28 @@ def test_train_and_evaluate_text_to_text_from_the_command_line(tmp_path, capsys)
     capsys.readouterr()
     assert main(["evaluate", str(single), "--data", str(classification)]) == 1
     assert "trained on ['translation'] only" in capsys.readouterr().err
+
+    # aiayn translate puts the run's translation prefix before each line (an empty one stays
+    # empty): what evaluate's generation gives for the prefixed sources.
+    import io
+    import sys
+
+    from aiayn.tasks.checkpoints import load_model_dir
+    from aiayn.tasks.text_to_text import generate_texts
+
+    sentences = ["the red house", "", "the old dog"]
+    run = load_model_dir(run_dir, task="text2text")
+    prefix = run.assets.prefixes["translation"]
+    want = generate_texts(run.model, run.assets.tokenizer, [prefix + s for s in sentences if s],
+                          beam_size=4)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
+        "".join(s + "\n" for s in sentences).encode("utf-8"))))
+    assert main(["translate", str(run_dir), "--threads", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == [want[0], "", want[1]]
+    labels_only = tmp_path / "classification-only"
+    assert main(["train", "text2text", "--out", str(labels_only), "--tasks", "classification",
+                 *common]) == 0
+    capsys.readouterr()
+    assert main(["translate", str(labels_only)]) == 1
+    assert "trained on ['classification'] only: it does not translate" in \
+        capsys.readouterr().err

@@ -1,5 +1,6 @@
 """``aiayn translate RUN_DIR``: translate stdin to stdout, one sentence a line; RUN_DIR is a run of
-``aiayn train translation`` or a Hugging Face Marian / BART / T5 checkpoint directory."""
+``aiayn train translation``, a run of ``aiayn train text2text`` trained on translation (its task
+prefix is put before each line), or a Hugging Face Marian / BART / T5 checkpoint directory."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "stdout in the same order, with beam search (paper 6.1: beam 4, alpha 0.6).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ('aiayn train "
-                        "translation') or a Hugging Face Marian / BART / T5 checkpoint directory")
+                        "translation', or 'aiayn train text2text': its translation prefix is put "
+                        "before each line) or a Hugging Face Marian / BART / T5 checkpoint "
+                        "directory")
     parser.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty exponent")
     parser.add_argument("--max-tokens", type=positive_int, default=4000,
@@ -34,11 +37,21 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.data.text_files import decode_lines
-    from aiayn.tasks.checkpoints import load_model_dir
+    from aiayn.tasks.checkpoints import directory_task, load_model_dir
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    run_ = load_model_dir(args.run_dir, task="translation")
+    prefix = ""
+    if directory_task(args.run_dir) == "text2text":
+        run_ = load_model_dir(args.run_dir, task="text2text")
+        tokenizer, prefixes = run_.assets.tokenizer, run_.assets.prefixes
+        if "translation" not in prefixes:
+            raise ValueError(f"{args.run_dir} is a text2text run trained on {sorted(prefixes)} "
+                             f"only: it does not translate")
+        prefix = prefixes["translation"]
+    else:
+        run_ = load_model_dir(args.run_dir, task="translation")
+        tokenizer = run_.assets
     inference = engine.engine(run_.model.to(args.device), args)
     lines: list[str] = []
     try:
@@ -46,17 +59,18 @@ def run(args: argparse.Namespace) -> int:
         for _, line in decode_lines(sys.stdin.buffer, "stdin"):
             lines.append(line)
             if len(lines) >= args.batch_lines:
-                _flush(inference, run_.assets, lines, args)
+                _flush(inference, tokenizer, prefix, lines, args)
                 lines = []
     finally:  # the lines before a bad one are still translated, in order
         if lines:
-            _flush(inference, run_.assets, lines, args)
+            _flush(inference, tokenizer, prefix, lines, args)
     return 0
 
 
-def _flush(inference, tokenizer, lines, args) -> None:
+def _flush(inference, tokenizer, prefix: str, lines: list[str], args) -> None:
     from aiayn.tasks.translate import translate_texts
 
+    lines = [prefix + line if line.strip() else line for line in lines]  # empty stays empty
     for output in translate_texts(inference.model, tokenizer, lines, beam_size=args.beam,
                                   alpha=args.alpha, max_tokens=args.max_tokens,
                                   engine=inference):
