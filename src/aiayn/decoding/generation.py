@@ -73,15 +73,17 @@ class GenerationConfig:
     pad_id: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.stop_ids, int):
-            object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
         if not _positive_int(self.max_new_tokens):
             raise ValueError(f"max_new_tokens must be a positive integer, got "
                              f"{self.max_new_tokens!r}")
-        if isinstance(self.stop_ids, int) and not isinstance(self.stop_ids, bool):
-            object.__setattr__(self, "stop_ids", (self.stop_ids,))  # one id
-        if not all(_id_like(t) for t in self.stop_ids):
+        stop_ids = (self.stop_ids,) if _id_like(self.stop_ids) else self.stop_ids  # one id
+        try:
+            stop_ids = tuple(stop_ids)
+        except TypeError:
+            stop_ids = (stop_ids,)  # not iterable: refused just below
+        if not all(_id_like(t) for t in stop_ids):
             raise ValueError(f"stop_ids must be integer token ids, got {self.stop_ids!r}")
+        object.__setattr__(self, "stop_ids", stop_ids)
         if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if self.top_k is not None and not _positive_int(self.top_k):

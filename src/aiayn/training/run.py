@@ -125,6 +125,15 @@ def check_same_assets(run_dir: Path, task: Any) -> None:
                     f"with the run's own data and options, or train into another directory")
 
 
+def published_metric(run_dir: Path, metric: str) -> float | None:
+    """``metric`` of the weights the run published (run.json's ``weights_metrics``), if any."""
+    try:
+        value = (read_run_info(run_dir).get("weights_metrics") or {}).get(metric)
+    except (OSError, ValueError):  # no run.json yet (killed before publishing anything)
+        return None
+    return value if isinstance(value, (int, float)) else None
+
+
 def _with_defaults(config: dict[str, Any]) -> dict[str, Any]:
     try:
         return TransformerConfig.from_dict(config).to_dict()

@@ -36,12 +36,12 @@ from aiayn.training.optimizer import make_optimizer
 from aiayn.training.rank_agreement import data_fingerprint, parameter_fingerprint
 from aiayn.training.run import (CHECKPOINT_DIR, FORMAT_VERSION, LOG_FILE, TENSORBOARD_DIR,
                                 WEIGHTS_FILE, check_resumable, check_same_assets, publish_weights,
-                                qualified_name, read_run_info, update_run_info)
+                                published_metric, qualified_name, update_run_info)
 from aiayn.training.run_log import RunLog
 from aiayn.training.task import Task
 from aiayn.training.trainer_state import (capture_rng, optimizer_from_tensors,
                                           optimizer_to_tensors, restore_rng)
-from aiayn.training.validation import evaluate_model, is_better
+from aiayn.training.validation import check_best_metric, evaluate_model, is_better
 from aiayn.training.weights import assign_weights, average_checkpoints, load_weights
 
 
@@ -83,10 +83,7 @@ class Trainer:
     def __init__(self, model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | Path,
                  *, model_config: Any = None, resume: bool = True):
         self.task, self.config, self.run_dir = task, config, Path(run_dir)
-        names = task.metric_names() if hasattr(task, "metric_names") else None
-        if config.best_metric is not None and names is not None and config.best_metric not in names:
-            raise ValueError(f"best_metric {config.best_metric!r} is not among the task's metrics "
-                             f"{sorted(names)}")
+        check_best_metric(task, config.best_metric)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.model_config = model_config if model_config is not None \
             else getattr(model, "config", None)
@@ -195,14 +192,10 @@ class Trainer:
         self.best, self.skipped = meta.get("best"), meta.get("skipped", 0)
         # The published weights may be better than any checkpoint's: the average of the last
         # checkpoints, published after the last one was written. Later weights must beat them.
-        try:
-            published = read_run_info(self.run_dir).get("weights_metrics") or {}
-        except (OSError, ValueError):  # no run.json yet (killed before publishing anything)
-            published = {}
         metric = self.config.best_metric
-        if metric is not None and isinstance(published.get(metric), (int, float)) and \
-                is_better(published[metric], self.best, self.config.best_mode):
-            self.best = published[metric]
+        published = published_metric(self.run_dir, metric) if metric is not None else None
+        if published is not None and is_better(published, self.best, self.config.best_mode):
+            self.best = published
         self.units_total = meta.get("units", 0)
         if meta.get("evaluated"):  # killed after its last checkpoint: not evaluated twice
             self.metrics, self.last_eval_step = meta.get("metrics", {}), self.steps_done
@@ -335,9 +328,6 @@ class Trainer:
         model when they are the best so far on ``config.best_metric``."""
         self.check_finite()
         metrics = evaluate_model(self.parallel.eval_model, self.task)
-        if hasattr(self.task, "metric_names") and set(metrics) != self.task.metric_names():
-            raise RuntimeError(f"task {self.task.name!r} reported {sorted(metrics)} but declares "
-                               f"{sorted(self.task.metric_names())} (metric_names)")
         self.log.write({"step": self.steps_done, "split": "valid", **metrics})
         metric = self.config.best_metric
         if metric is not None:

@@ -19,8 +19,17 @@ def is_better(value: float, best: float | None, mode: str) -> bool:
     return value < best if mode == "min" else value > best
 
 
+def check_best_metric(task: Task, metric: str | None) -> None:
+    """Raise ValueError if ``task`` declares its metrics (``metric_names``) and ``metric`` is not
+    one of them: before training, not at the first evaluation."""
+    names = task.metric_names() if hasattr(task, "metric_names") else None
+    if metric is not None and names is not None and metric not in names:
+        raise ValueError(f"best_metric {metric!r} is not among the task's metrics {sorted(names)}")
+
+
 def evaluate_model(model: nn.Module, task: Task) -> dict[str, float]:
-    """Validation metrics, without disturbing the training RNG streams (exact resume)."""
+    """Validation metrics, without disturbing the training RNG streams (exact resume); those of a
+    task that declares them (``metric_names``) are checked against the declaration."""
     was_training = model.training
     model.eval()
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() \
@@ -28,4 +37,7 @@ def evaluate_model(model: nn.Module, task: Task) -> dict[str, float]:
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         metrics = {key: float(value) for key, value in task.evaluate(model).items()}
     model.train(was_training)
+    if hasattr(task, "metric_names") and set(metrics) != task.metric_names():
+        raise RuntimeError(f"task {task.name!r} reported {sorted(metrics)} but declares "
+                           f"{sorted(task.metric_names())} (metric_names)")
     return metrics
