@@ -201,6 +201,7 @@ class GraphedBeam:
         sources, source_length = source_mask.shape
         steps = int(limits_all.max())
         limits = limits_all.tolist()
+
         def make() -> FixedBeam:
             if not self.supports(model):
                 raise ValueError("GraphedBeam needs an encoder-decoder with softmax attention and "
@@ -235,14 +236,14 @@ class GraphedBeam:
             top_scores, top_beam, is_eos = values[:, :K], values[:, K:2 * K], values[:, 2 * K:3 * K]
             beams, chosen, best_live = values[:, 3 * K:4 * K], values[:, 4 * K:5 * K], values[:, -1]
             penalty = length_penalty(position + 1, alpha)  # tokens including </s>
-            for index in range(sources):
-                if done[index]:
-                    continue
-                for column in range(K):  # </s> among the first K candidates (fairseq's rule)
-                    if is_eos[index, column] and np.isfinite(top_scores[index, column]):
-                        row = index * K + int(top_beam[index, column])
-                        finished[index].append(Hypothesis(
-                            history(row, position), float(top_scores[index, column]) / penalty))
+            running = ~np.array(done)  # (B,)
+            # </s> among the first K candidates (fairseq's rule), of the sentences still running
+            ends = (is_eos > 0) & np.isfinite(top_scores) & running[:, None]  # (B, K)
+            for index, column in zip(*map(np.ndarray.tolist, np.nonzero(ends))):
+                row = index * K + int(top_beam[index, column])
+                finished[index].append(Hypothesis(
+                    history(row, position), float(top_scores[index, column]) / penalty))
+            for index in np.flatnonzero(running).tolist():
                 done[index] = sentence_done(finished[index], limits[index], position,
                                             float(best_live[index]), K, alpha)
             if all(done):
