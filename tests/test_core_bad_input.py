@@ -50,6 +50,14 @@ def ids(*shape):
     (lambda: SelfAttention(32, 4, FusedAttention())(torch.randn(2, 3, 16)), ValueError,
      r"\(B, T, D=32\)"),
     (lambda: CausalLM(CONFIG)(ids(2, 3), positions=ids(2, 4)), ValueError, "positions must have"),
+    (lambda: CausalLM(CONFIG)(ids(1, 2), positions=torch.tensor([[-1, 0]])), ValueError,
+     r"positions must lie in \[0, max_length=64\), got positions from -1 to 0"),
+    (lambda: CausalLM(CONFIG.replace(positions="learned"))(ids(1, 2), positions=torch.tensor([[0, 64]])),
+     ValueError, r"max_length=64\), got positions from 0 to 64"),
+    (lambda: CausalLM(CONFIG.replace(positions="rotary", scale_embeddings=False))(
+        ids(1, 2), positions=torch.tensor([[63, 64]])), ValueError, r"from 63 to 64"),
+    (lambda: CausalLM(CONFIG)(ids(1, 2), positions=torch.tensor([[0.0, 1.0]])), TypeError,
+     "positions must be an integer tensor, got torch.float32"),
     (lambda: SequenceClassifier(CONFIG)(ids(2, 3), padding_mask=torch.ones(3, 3, dtype=torch.bool)),
      ValueError, r"\(B=2, S=3\)"),
 ])

@@ -50,6 +50,27 @@ def check_ids(ids: Tensor, name: str) -> None:
         raise ValueError(f"{name} is empty (length 0)")
 
 
+def check_positions(positions: Tensor, batch: int, length: int, max_length: int) -> None:
+    """Explicit positions must be an integer (B, T) tensor of values in [0, max_length).
+
+    The range is read only from CPU tensors outside ``torch.compile``: on a GPU it would cost every
+    decoding step a device-to-host read, which a CUDA graph capture forbids (there an index past the
+    table asserts on the device; a negative one would wrap to the table's end).
+    """
+    if not isinstance(positions, Tensor) or positions.is_floating_point() or positions.is_complex() \
+            or positions.dtype == torch.bool:
+        raise TypeError(f"positions must be an integer tensor, got "
+                        f"{getattr(positions, 'dtype', type(positions).__name__)}")
+    if tuple(positions.shape) != (batch, length):
+        raise ValueError(f"positions must have shape (B={batch}, T={length}), got "
+                         f"{tuple(positions.shape)}")
+    if positions.device.type == "cpu" and not torch.compiler.is_compiling():
+        low, high = int(positions.min()), int(positions.max())
+        if low < 0 or high >= max_length:
+            raise ValueError(f"positions must lie in [0, max_length={max_length}), got positions "
+                             f"from {low} to {high}")
+
+
 def final_norm(config: TransformerConfig) -> nn.Module | None:
     return layer_norm(config) if config.final_norm else None
 
@@ -203,9 +224,8 @@ class Decoder(nn.Module):
             check_padding_mask(padding_mask, batch, keys)
             self_mask = key_padding_to_attention(padding_mask)  # (B, 1, 1, keys)
         memory_mask = self._memory_mask(memory, memory_padding_mask, cache, batch)
-        if positions is not None and tuple(positions.shape) != (batch, length):
-            raise ValueError(f"positions must have shape (B={batch}, T={length}), got "
-                             f"{tuple(positions.shape)}")
+        if positions is not None:
+            check_positions(positions, batch, length, self.max_length)
         x = self.embeddings(ids, start=0 if slots is not None else start,
                             positions=positions)  # (B, T, D)
         return self.forward_embedded(x, memory, self_mask=self_mask, memory_mask=memory_mask,
