@@ -87,6 +87,9 @@ def test_train_and_evaluate_text_to_text_from_the_command_line(tmp_path, capsys,
     assert {"bleu", "chrf", "accuracy", "loss"} <= set(summary)
     info = json.loads((run_dir / "run.json").read_text())
     assert info["model_config"]["relative_attention_buckets"] == 32
+    assert info["training_config"]["lr_scales"] == {  # the recipe's factor on unit-scale weights
+        "encoder.embeddings.": 10.0, "decoder.embeddings.": 10.0, "encoder.position_bias.": 10.0,
+        "decoder.position_bias.": 10.0, "generator.": 10.0}
     assert info["assets"]["prefixes"] == {"translation": "translate English to German: ",
                                           "classification": "debian section: "}
     assert main(["evaluate", str(run_dir), "--data", str(translation), str(classification),
@@ -127,3 +130,36 @@ def test_train_and_evaluate_text_to_text_from_the_command_line(tmp_path, capsys,
     assert main(["translate", str(labels_only)]) == 1
     assert "trained on ['classification'] only: it does not translate" in \
         capsys.readouterr().err
+
+
+
+def test_embedding_lr_scale_covers_exactly_the_weights_t5_starts_at_unit_scale():
+    """The recipe's prefixes name every weight initialise() starts at N(0, 1) (token embeddings,
+    both relative-position tables, an untied output matrix, untied source and target embeddings)
+    and nothing else; without scale_output those start small and get no factor."""
+    import argparse
+
+    from aiayn.commands.train_text_to_text import embedding_lr_scales
+    from aiayn.training.optimizer import lr_scale
+
+    def scales(*sets, factor=10.0):
+        return embedding_lr_scales(argparse.Namespace(preset="t5-cpu", set=list(sets),
+                                                      embedding_lr_scale=factor))
+
+    recipe = scales()
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.preset("t5-cpu", vocab_size=2000, tie_output=False,
+                                                 tie_source_target=False))
+    for name, p in model.named_parameters():
+        unit = p.dim() == 2 and abs(p.std().item() - 1) < 0.1
+        assert lr_scale(name, recipe) == (10.0 if unit else 1.0), name
+    assert {name for name, p in model.named_parameters() if lr_scale(name, recipe) == 10} >= {
+        "encoder.embeddings.tokens.weight", "decoder.embeddings.tokens.weight",
+        "encoder.position_bias.embedding.weight", "decoder.position_bias.embedding.weight",
+        "generator.weight"}
+    assert scales("scale_output=false") == {} and scales(factor=1.0) == {}
+    assert scales(factor=3.0) == {prefix: 3.0 for prefix in recipe}
+    for bad in (0.0, -2.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="--embedding-lr-scale must be a positive number"):
+            scales(factor=bad)
+

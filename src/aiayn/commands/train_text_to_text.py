@@ -12,6 +12,7 @@ the test rows are theirs too (docs/t5.md).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,11 @@ BUNDLED = {"translation": DATA / "ddtp_en_de.tsv.gz",
 PREFIXES = {"translation": "translate English to German: ", "classification": "debian section: "}
 # the classification command's stratified split (train_classification.py defaults): same test rows
 CLASSIFICATION_SPLIT = dict(valid_fraction=0.1, test_fraction=0.1, seed=0)
+# T5 starts its embeddings (and an untied output matrix) at N(0, 1), 10-20x the layers' matrices,
+# for Adafactor, whose steps are relative to each weight's size; Adam's are not (docs/t5.md).
+EMBEDDING_LR_SCALE = 10.0
+UNIT_SCALE_PREFIXES = ("encoder.embeddings.", "decoder.embeddings.", "encoder.position_bias.",
+                       "decoder.position_bias.", "generator.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--label-smoothing", type=float, default=0.1)
     group.add_argument("--valid-sentences", type=int, default=200,
                        help="validation translations decoded (greedy) for BLEU at each evaluation")
+    group.add_argument("--embedding-lr-scale", type=float, default=EMBEDDING_LR_SCALE, metavar="F",
+                       help="learning-rate factor for the weights T5 starts at unit scale (token "
+                            "embeddings, relative-position tables, an untied output matrix): Adam "
+                            "moves every weight by about the same step, so without it these "
+                            "learn ~10x slower for their size than the layers' matrices")
     # The translation command's schedule (docs/translation.md), a T5-style model of mt-cpu's size.
     parser.set_defaults(preset="t5-cpu", steps=3000, warmup=400, lr_factor=0.5, clip_norm=1.0,
                         eval_every=500, save_every=500, log_every=20)
@@ -76,10 +87,27 @@ def examples(kind: str, rows: Any, prefix: str) -> list:
     return build(rows, prefix)
 
 
+def embedding_lr_scales(args: argparse.Namespace) -> dict[str, float]:
+    """``--embedding-lr-scale`` on the weights the model starts at unit scale: every embedding
+    table and an untied output matrix when the config rescales the output (``scale_output``, T5);
+    otherwise those start at D^-1/2 like the rest and get no factor."""
+    from aiayn.commands.train import parse_overrides
+    from aiayn.config import TransformerConfig
+
+    scale = args.embedding_lr_scale
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"--embedding-lr-scale must be a positive number, got {scale}")
+    config = TransformerConfig.preset(args.preset, **parse_overrides(args.set))
+    if scale == 1 or not config.scale_output or config.init_std is not None:
+        return {}
+    return {prefix: scale for prefix in UNIT_SCALE_PREFIXES}
+
+
 def make_task(args: argparse.Namespace):
     from aiayn.data.tokenizer import TOKENIZER_FILE, SubwordTokenizer
     from aiayn.tasks.text_to_text import TextToTextTask
 
+    args.lr_scales = embedding_lr_scales(args)
     prefixes = {kind: getattr(args, f"{kind}_prefix") for kind in args.tasks}
     train, valid = [], []
     for kind in args.tasks:
