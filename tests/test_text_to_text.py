@@ -131,6 +131,27 @@ def test_train_and_evaluate_text_to_text_from_the_command_line(tmp_path, capsys,
     assert "trained on ['classification'] only: it does not translate" in \
         capsys.readouterr().err
 
+    # aiayn classify on a text2text run: the label evaluate's generation gives (prefix, beam 4)
+    # and the model's probability of that label text
+    import math
+
+    from aiayn.tasks.text_to_text import MAX_EXTRA, generate_ids, output_log_probs
+
+    texts = ["a red thing number 7", "a house thing number 9"]
+    run = load_model_dir(labels_only, task="text2text")
+    prefixed = [run.assets.prefixes["classification"] + text for text in texts]
+    options = dict(beam_size=4, max_extra=MAX_EXTRA["classification"], max_length=128)
+    labels = generate_texts(run.model, run.assets.tokenizer, prefixed, **options)  # as evaluate
+    sources, outputs = generate_ids(run.model, run.assets.tokenizer, prefixed, **options)
+    assert run.assets.tokenizer.decode(outputs) == labels
+    probabilities = [math.exp(v) for v in output_log_probs(run.model, sources, outputs)]
+    assert main(["classify", str(labels_only), *[a for t in texts for a in ("--text", t)]]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{label.strip()}\t{p:.4f}" for label, p in zip(labels, probabilities)]
+    assert main(["classify", str(labels_only), "--top", "2", "--text", texts[0]]) == 1
+    assert "a text2text run generates one label per text" in capsys.readouterr().err
+    assert main(["classify", str(single), "--text", texts[0]]) == 1
+    assert "trained on ['translation'] only: it does not classify" in capsys.readouterr().err
 
 
 def test_embedding_lr_scale_covers_exactly_the_weights_t5_starts_at_unit_scale():
@@ -163,3 +184,24 @@ def test_embedding_lr_scale_covers_exactly_the_weights_t5_starts_at_unit_scale()
         with pytest.raises(ValueError, match="--embedding-lr-scale must be a positive number"):
             scales(factor=bad)
 
+
+def test_output_log_probs_equal_the_beam_search_scores_of_its_hypotheses():
+    """Teacher-forced log P(output, </s> | source), batched with padding, equals what the cached
+    beam search (alpha 0) scored the same outputs, on a T5-style model with relative bias."""
+    from aiayn.decoding.beam import beam_search
+    from aiayn.tasks.text_to_text import output_log_probs
+
+    torch.manual_seed(0)
+    config = TransformerConfig.preset("t5-cpu", vocab_size=40, d_model=32, d_ff=64, n_heads=4,
+                                      n_encoder_layers=2, n_decoder_layers=2, dropout=0.3,
+                                      pad_id=0, eos_id=1, bos_id=0)
+    model = Transformer(config).eval()
+    sources = [[5, 9, 3, 7], [12, 4], [30, 31, 32, 33, 34, 35, 36], [8]]
+    length = max(map(len, sources)) + 1
+    padded = torch.tensor([row + [1] + [0] * (length - len(row) - 1) for row in sources])
+    with torch.no_grad():
+        hypotheses = beam_search(model, padded, padded != 0, beam_size=3, alpha=0.0, max_extra=6)
+    model.train()  # scored in eval mode (no dropout), then left as it was
+    got = output_log_probs(model, sources, [h.tokens for h in hypotheses], max_tokens=12)
+    assert got == pytest.approx([h.score for h in hypotheses], abs=1e-4)
+    assert model.training and all(value < 0 for value in got)

@@ -152,11 +152,13 @@ class TextToTextAssets:
     prefixes: dict[str, str]
 
 
-def generate_texts(model: nn.Module, tokenizer: SubwordTokenizer, sources: Sequence[str], *,
-                   beam_size: int = 1, alpha: float = 0.6, max_extra: int = 50,
-                   max_length: int | None = None, engine=None) -> list[str]:
-    """The model's output text for each (prefixed) source, greedy or beam, in input order
-    (``engine``: an ``aiayn.fast.InferenceEngine`` for ``model`` runs the searches)."""
+def generate_ids(model: nn.Module, tokenizer: SubwordTokenizer, sources: Sequence[str], *,
+                 beam_size: int = 1, alpha: float = 0.6, max_extra: int = 50,
+                 max_length: int | None = None, engine=None
+                 ) -> tuple[list[list[int]], list[list[int]]]:
+    """(source ids, output ids without </s>) for each (prefixed) source text, greedy or beam, in
+    input order; sources are cut to ``max_length`` subwords (``engine``: an
+    ``aiayn.fast.InferenceEngine`` for ``model`` runs the searches)."""
     from aiayn.tasks.translate import translate_ids
 
     ids = [row[:max_length] if max_length else row for row in tokenizer.encode(list(sources))]
@@ -168,7 +170,46 @@ def generate_texts(model: nn.Module, tokenizer: SubwordTokenizer, sources: Seque
                                     max_extra=max_extra, engine=engine)
     finally:
         model.train(was_training)
-    return tokenizer.decode(outputs)
+    return ids, outputs
+
+
+def generate_texts(model: nn.Module, tokenizer: SubwordTokenizer, sources: Sequence[str],
+                   **options: Any) -> list[str]:
+    """The model's output text for each (prefixed) source (``generate_ids``' options)."""
+    return tokenizer.decode(generate_ids(model, tokenizer, sources, **options)[1])
+
+
+def output_log_probs(model: nn.Module, sources: Sequence[Sequence[int]],
+                     outputs: Sequence[Sequence[int]], *, max_tokens: int = 4000) -> list[float]:
+    """log P(output, </s> | source) for each pair of id sequences (no </s> in either): the
+    teacher-forced log-probabilities of the output's tokens and its </s>, summed."""
+    from aiayn.data.batching import collate, token_batches
+
+    config = model.config
+    device = next(model.parameters()).device
+    result = [0.0] * len(sources)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for indices in token_batches([len(s) + 1 for s in sources],
+                                         [len(t) + 1 for t in outputs], max_tokens=max_tokens,
+                                         shuffle=False):
+                batch = collate([sources[i] for i in indices], [outputs[i] for i in indices],
+                                indices, pad_id=config.pad_id, bos_id=config.bos_id,
+                                eos_id=config.eos_id).to(device)
+                # causal: a real target position never sees the padding after it
+                logits = model(batch.source, batch.decoder_input,
+                               src_padding_mask=batch.source != config.pad_id)  # (B, T, V)
+                picked = logits.float().log_softmax(-1).gather(
+                    -1, batch.targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
+                lengths = torch.tensor([len(outputs[i]) + 1 for i in indices], device=device)
+                real = torch.arange(picked.shape[1], device=device) < lengths[:, None]
+                for index, value in zip(indices, (picked * real).sum(-1).tolist()):
+                    result[index] = value
+    finally:
+        model.train(was_training)
+    return result
 
 
 def score_examples(model: nn.Module, tokenizer: SubwordTokenizer,
