@@ -88,8 +88,8 @@ def test_train_and_evaluate_text_to_text_from_the_command_line(tmp_path, capsys,
     info = json.loads((run_dir / "run.json").read_text())
     assert info["model_config"]["relative_attention_buckets"] == 32
     assert info["training_config"]["lr_scales"] == {  # the recipe's factor on unit-scale weights
-        "encoder.embeddings.": 10.0, "decoder.embeddings.": 10.0, "encoder.position_bias.": 10.0,
-        "decoder.position_bias.": 10.0, "generator.": 10.0}
+        "encoder.embeddings.": 30.0, "decoder.embeddings.": 30.0, "encoder.position_bias.": 30.0,
+        "decoder.position_bias.": 30.0, "generator.": 30.0}
     assert info["assets"]["prefixes"] == {"translation": "translate English to German: ",
                                           "classification": "debian section: "}
     assert main(["evaluate", str(run_dir), "--data", str(translation), str(classification),

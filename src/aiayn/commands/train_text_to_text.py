@@ -24,9 +24,10 @@ BUNDLED = {"translation": DATA / "ddtp_en_de.tsv.gz",
 PREFIXES = {"translation": "translate English to German: ", "classification": "debian section: "}
 # the classification command's stratified split (train_classification.py defaults): same test rows
 CLASSIFICATION_SPLIT = dict(valid_fraction=0.1, test_fraction=0.1, seed=0)
-# T5 starts its embeddings (and an untied output matrix) at N(0, 1), 10-20x the layers' matrices,
-# for Adafactor, whose steps are relative to each weight's size; Adam's are not (docs/t5.md).
-EMBEDDING_LR_SCALE = 10.0
+# T5 starts its embeddings, relative-position tables and an untied output matrix at N(0, 1), 10-20x
+# the layers' matrices, for Adafactor, whose steps are relative to each weight's size; Adam's are
+# not. 30 was chosen on the validation split (docs/t5.md: 1, 10, 30 and 100 compared).
+EMBEDDING_LR_SCALE = 30.0
 UNIT_SCALE_PREFIXES = ("encoder.embeddings.", "decoder.embeddings.", "encoder.position_bias.",
                        "decoder.position_bias.", "generator.")
 
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="learning-rate factor for the weights T5 starts at unit scale (token "
                             "embeddings, relative-position tables, an untied output matrix): Adam "
                             "moves every weight by about the same step, so without it these "
-                            "learn ~10x slower for their size than the layers' matrices")
+                            "learn 10-20x slower for their size than the layers' matrices")
     # The translation command's schedule (docs/translation.md), a T5-style model of mt-cpu's size.
     parser.set_defaults(preset="t5-cpu", steps=3000, warmup=400, lr_factor=0.5, clip_norm=1.0,
                         eval_every=500, save_every=500, log_every=20)
