@@ -37,6 +37,16 @@ def aiayn(*args: str) -> list[str]:
     return [sys.executable, "-m", "aiayn", *args]
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def last_json(text: str) -> dict:
     """The last line of a command's stdout that is a JSON object."""
     for line in reversed(text.strip().splitlines()):
@@ -61,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict = {"command": shlex.join(["python3", "benchmarks/t5_text2text.py",
                                             *(argv if argv is not None else sys.argv[1:])]),
-                     "machine": f"{platform.processor() or platform.machine()}, "
-                                f"{torch.get_num_threads()} torch threads available",
+                     "machine": f"{cpu_name()}, {os.cpu_count()} cores",
                      "torch": torch.__version__, "runs": {}}
     for name in args.runs:
         tasks = RUNS[name]

@@ -15,8 +15,6 @@ import sys
 from aiayn.commands import summary
 from aiayn.commands.train import device_name, positive_int
 
-MAX_LENGTH = 128  # text2text: source subwords kept, as evaluate's score_examples keeps
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -96,23 +94,24 @@ def _text_to_text_answers(args: argparse.Namespace):
     import math
 
     from aiayn.tasks.checkpoints import load_model_dir
-    from aiayn.tasks.text_to_text import MAX_EXTRA, generate_ids, output_log_probs
+    from aiayn.tasks.text_to_text import (MAX_EXTRA, MAX_SOURCE_LENGTH, generate_ids,
+                                          output_log_probs)
 
     if args.top != 1:
         raise ValueError(f"--top {args.top}: a text2text run generates one label per text "
                          f"(--top needs a run of 'aiayn train classification')")
-    run = load_model_dir(args.run_dir, task="text2text")
-    tokenizer, prefixes = run.assets.tokenizer, run.assets.prefixes
+    loaded = load_model_dir(args.run_dir, task="text2text")
+    tokenizer, prefixes = loaded.assets.tokenizer, loaded.assets.prefixes
     if "classification" not in prefixes:
         raise ValueError(f"{args.run_dir} is a text2text run trained on {sorted(prefixes)} only: "
                          f"it does not classify")
-    model = run.model.to(args.device)
+    model = loaded.model.to(args.device)
 
     def answer(texts: list[str]) -> None:
         sources, outputs = generate_ids(model, tokenizer,
                                         [prefixes["classification"] + text for text in texts],
                                         beam_size=args.beam, max_extra=MAX_EXTRA["classification"],
-                                        max_length=MAX_LENGTH)
+                                        max_length=MAX_SOURCE_LENGTH)
         for label, log_p in zip(tokenizer.decode(outputs), output_log_probs(model, sources, outputs)):
             sys.stdout.write(f"{label.strip()}\t{math.exp(log_p):.4f}\n")
         sys.stdout.flush()

@@ -35,6 +35,8 @@ PREFIXES_FILE = "prefixes.json"
 # Decoding limits (source length + this many tokens): paper 6.1's 50 for a translation, a few for a
 # label, which is a word or two
 MAX_EXTRA = {"translation": 50, "classification": 8}
+# Source subwords a generation reads (the training default of --max-length): longer ones are cut
+MAX_SOURCE_LENGTH = 128
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,7 @@ def output_log_probs(model: nn.Module, sources: Sequence[Sequence[int]],
                     -1, batch.targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
                 lengths = torch.tensor([len(outputs[i]) + 1 for i in indices], device=device)
                 real = torch.arange(picked.shape[1], device=device) < lengths[:, None]
-                for index, value in zip(indices, (picked * real).sum(-1).tolist()):
+                for index, value in zip(indices, picked.masked_fill(~real, 0).sum(-1).tolist()):
                     result[index] = value
     finally:
         model.train(was_training)
@@ -214,7 +216,7 @@ def output_log_probs(model: nn.Module, sources: Sequence[Sequence[int]],
 
 def score_examples(model: nn.Module, tokenizer: SubwordTokenizer,
                    examples: Sequence[TextExample], *, beam_size: int = 1, alpha: float = 0.6,
-                   max_length: int = 128, engine=None) -> dict[str, float]:
+                   max_length: int = MAX_SOURCE_LENGTH, engine=None) -> dict[str, float]:
     """Translation examples: ``bleu`` and ``chrf``; classification examples: ``accuracy`` of the
     generated label text (stripped, exact match). Examples of one kind at a time; none: {}."""
     from aiayn.tasks.translate import score_translations
