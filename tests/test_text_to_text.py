@@ -178,7 +178,8 @@ def test_embedding_lr_scale_covers_exactly_the_weights_t5_starts_at_unit_scale()
         "encoder.embeddings.tokens.weight", "decoder.embeddings.tokens.weight",
         "encoder.position_bias.embedding.weight", "decoder.position_bias.embedding.weight",
         "generator.weight"}
-    assert scales("scale_output=false") == {} and scales(factor=1.0) == {}
+    assert scales("scale_output=false") == {} and scales("init_std=0.02") == {}
+    assert scales(factor=1.0) == {}
     assert scales(factor=3.0) == {prefix: 3.0 for prefix in recipe}
     for bad in (0.0, -2.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="--embedding-lr-scale must be a positive number"):

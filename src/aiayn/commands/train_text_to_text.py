@@ -28,8 +28,6 @@ CLASSIFICATION_SPLIT = dict(valid_fraction=0.1, test_fraction=0.1, seed=0)
 # the layers' matrices, for Adafactor, whose steps are relative to each weight's size; Adam's are
 # not. 30 was chosen on the validation split (docs/t5.md: 1, 10, 30 and 100 compared).
 EMBEDDING_LR_SCALE = 30.0
-UNIT_SCALE_PREFIXES = ("encoder.embeddings.", "decoder.embeddings.", "encoder.position_bias.",
-                       "decoder.position_bias.", "generator.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,19 +87,17 @@ def examples(kind: str, rows: Any, prefix: str) -> list:
 
 
 def embedding_lr_scales(args: argparse.Namespace) -> dict[str, float]:
-    """``--embedding-lr-scale`` on the weights the model starts at unit scale: every embedding
-    table and an untied output matrix when the config rescales the output (``scale_output``, T5);
-    otherwise those start at D^-1/2 like the rest and get no factor."""
+    """``--embedding-lr-scale`` on the weights the model starts at unit scale
+    (``unit_scale_prefixes``: none unless the config rescales the output, as T5 does)."""
     from aiayn.commands.train import parse_overrides
     from aiayn.config import TransformerConfig
+    from aiayn.models.heads import unit_scale_prefixes
 
     scale = args.embedding_lr_scale
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"--embedding-lr-scale must be a positive number, got {scale}")
     config = TransformerConfig.preset(args.preset, **parse_overrides(args.set))
-    if scale == 1 or not config.scale_output or config.init_std is not None:
-        return {}
-    return {prefix: scale for prefix in UNIT_SCALE_PREFIXES}
+    return {} if scale == 1 else dict.fromkeys(unit_scale_prefixes(config), float(scale))
 
 
 def make_task(args: argparse.Namespace):

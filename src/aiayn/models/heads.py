@@ -90,6 +90,20 @@ def _embedding_std(config: TransformerConfig) -> float:
     return 1.0 if config.scale_output else config.d_model ** -0.5
 
 
+def unit_scale_prefixes(config: TransformerConfig) -> tuple[str, ...]:
+    """Parameter-name prefixes, in an encoder-decoder ``Transformer``, of the weights ``initialise``
+    starts at N(0, 1): every embedding table (tokens, T5's relative-position tables) and an untied
+    output matrix, when ``scale_output`` is set without ``init_std`` (T5); () otherwise.
+
+    T5 trains them with Adafactor, whose step follows each weight's size; Adam's does not, so from
+    scratch they need a larger learning rate (``TrainingConfig.lr_scales``; docs/t5.md).
+    """
+    if not config.scale_output or config.init_std is not None:
+        return ()
+    return ("encoder.embeddings.", "decoder.embeddings.", "encoder.position_bias.",
+            "decoder.position_bias.", "generator.")
+
+
 def initialise(model: nn.Module, config: TransformerConfig) -> None:
     """Initial weights. The paper gives none; we follow its reference code (tensor2tensor):
     Xavier-uniform matrices and N(0, D^-1/2) embeddings, which the sqrt(D) scaling brings to unit size.
