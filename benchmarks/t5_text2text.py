@@ -55,6 +55,14 @@ def last_json(text: str) -> dict:
     raise ValueError(f"no JSON summary in the output:\n{text[-2000:]}")
 
 
+def run(command: list[str]) -> str:
+    """A command's stdout; on failure, exit naming the command with the end of its stderr."""
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(f"{shlex.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=480.0)
@@ -80,13 +88,11 @@ def main(argv: list[str] | None = None) -> int:
                       "--time-limit", str(args.time_limit), "--threads", str(args.threads),
                       "--no-progress", *extra)
         start = time.perf_counter()
-        done = subprocess.run(train, capture_output=True, text=True, check=True, cwd=ROOT)
+        summary = last_json(run(train))
         seconds = time.perf_counter() - start
-        summary = last_json(done.stdout)
         evaluate = aiayn("evaluate", str(run_dir), "--data",
                          *(str(DATA[t].relative_to(ROOT)) for t in tasks))
-        scores = json.loads(subprocess.run(evaluate, capture_output=True, text=True, check=True,
-                                           cwd=ROOT).stdout)
+        scores = json.loads(run(evaluate))
         results["runs"][name] = {
             "train": shlex.join(["aiayn", *train[3:]]),
             "evaluate": shlex.join(["aiayn", *evaluate[3:]]),
