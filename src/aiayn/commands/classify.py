@@ -95,21 +95,19 @@ def _text_to_text_answers(args: argparse.Namespace):
 
     from aiayn.tasks.checkpoints import load_model_dir
     from aiayn.tasks.text_to_text import (MAX_EXTRA, MAX_SOURCE_LENGTH, generate_ids,
-                                          output_log_probs)
+                                          output_log_probs, run_prefix)
 
     if args.top != 1:
         raise ValueError(f"--top {args.top}: a text2text run generates one label per text "
                          f"(--top needs a run of 'aiayn train classification')")
     loaded = load_model_dir(args.run_dir, task="text2text")
-    tokenizer, prefixes = loaded.assets.tokenizer, loaded.assets.prefixes
-    if "classification" not in prefixes:
-        raise ValueError(f"{args.run_dir} is a text2text run trained on {sorted(prefixes)} only: "
-                         f"it does not classify")
+    tokenizer = loaded.assets.tokenizer
+    prefix = run_prefix(loaded.assets.prefixes, "classification", args.run_dir)
     model = loaded.model.to(args.device)
 
     def answer(texts: list[str]) -> None:
         sources, outputs = generate_ids(model, tokenizer,
-                                        [prefixes["classification"] + text for text in texts],
+                                        [prefix + text for text in texts],
                                         beam_size=args.beam, max_extra=MAX_EXTRA["classification"],
                                         max_length=MAX_SOURCE_LENGTH)
         for label, log_p in zip(tokenizer.decode(outputs), output_log_probs(model, sources, outputs)):

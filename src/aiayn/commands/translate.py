@@ -38,17 +38,15 @@ def run(args: argparse.Namespace) -> int:
 
     from aiayn.data.text_files import decode_lines
     from aiayn.tasks.checkpoints import directory_task, load_model_dir
+    from aiayn.tasks.text_to_text import run_prefix
 
     if args.threads:
         torch.set_num_threads(args.threads)
     prefix = ""
     if directory_task(args.run_dir) == "text2text":
         run_ = load_model_dir(args.run_dir, task="text2text")
-        tokenizer, prefixes = run_.assets.tokenizer, run_.assets.prefixes
-        if "translation" not in prefixes:
-            raise ValueError(f"{args.run_dir} is a text2text run trained on {sorted(prefixes)} "
-                             f"only: it does not translate")
-        prefix = prefixes["translation"]
+        tokenizer = run_.assets.tokenizer
+        prefix = run_prefix(run_.assets.prefixes, "translation", args.run_dir)
     else:
         run_ = load_model_dir(args.run_dir, task="translation")
         tokenizer = run_.assets

@@ -16,7 +16,8 @@ Legend: B batch, S source length, T target length, V vocabulary.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ PREFIXES_FILE = "prefixes.json"
 # Decoding limits (source length + this many tokens): paper 6.1's 50 for a translation, a few for a
 # label, which is a word or two
 MAX_EXTRA = {"translation": 50, "classification": 8}
+# What the commands that apply a run do with each kind (error messages)
+ACTIONS = {"translation": "translate", "classification": "classify"}
 # Source subwords a generation reads (the training default of --max-length): longer ones are cut
 MAX_SOURCE_LENGTH = 128
 
@@ -164,14 +167,9 @@ def generate_ids(model: nn.Module, tokenizer: SubwordTokenizer, sources: Sequenc
     from aiayn.tasks.translate import translate_ids
 
     ids = [row[:max_length] if max_length else row for row in tokenizer.encode(list(sources))]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            outputs = translate_ids(model, ids, beam_size=beam_size, alpha=alpha,
-                                    max_extra=max_extra, engine=engine)
-    finally:
-        model.train(was_training)
+    with _inference(model):
+        outputs = translate_ids(model, ids, beam_size=beam_size, alpha=alpha,
+                                max_extra=max_extra, engine=engine)
     return ids, outputs
 
 
@@ -190,28 +188,43 @@ def output_log_probs(model: nn.Module, sources: Sequence[Sequence[int]],
     config = model.config
     device = next(model.parameters()).device
     result = [0.0] * len(sources)
+    with _inference(model):
+        for indices in token_batches([len(s) + 1 for s in sources], [len(t) + 1 for t in outputs],
+                                     max_tokens=max_tokens, shuffle=False):
+            batch = collate([sources[i] for i in indices], [outputs[i] for i in indices], indices,
+                            pad_id=config.pad_id, bos_id=config.bos_id,
+                            eos_id=config.eos_id).to(device)
+            # causal: a real target position never sees the padding after it
+            logits = model(batch.source, batch.decoder_input,
+                           src_padding_mask=batch.source != config.pad_id)  # (B, T, V)
+            picked = logits.float().log_softmax(-1).gather(
+                -1, batch.targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
+            lengths = torch.tensor([len(outputs[i]) + 1 for i in indices], device=device)
+            real = torch.arange(picked.shape[1], device=device) < lengths[:, None]  # tokens, </s>
+            for index, value in zip(indices, picked.masked_fill(~real, 0).sum(-1).tolist()):
+                result[index] = value
+    return result
+
+
+def run_prefix(prefixes: dict[str, str], kind: str, run_dir: Any) -> str:
+    """The prefix of ``kind`` in a text2text run's ``prefixes``; a ValueError naming the tasks the
+    run was trained on when it has none (``aiayn translate`` / ``classify`` on the wrong run)."""
+    if kind not in prefixes:
+        raise ValueError(f"{run_dir} is a text2text run trained on {sorted(prefixes)} only: it "
+                         f"does not {ACTIONS[kind]}")
+    return prefixes[kind]
+
+
+@contextmanager
+def _inference(model: nn.Module) -> Iterator[None]:
+    """Eval and inference mode inside; the model's training mode as it was after."""
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            for indices in token_batches([len(s) + 1 for s in sources],
-                                         [len(t) + 1 for t in outputs], max_tokens=max_tokens,
-                                         shuffle=False):
-                batch = collate([sources[i] for i in indices], [outputs[i] for i in indices],
-                                indices, pad_id=config.pad_id, bos_id=config.bos_id,
-                                eos_id=config.eos_id).to(device)
-                # causal: a real target position never sees the padding after it
-                logits = model(batch.source, batch.decoder_input,
-                               src_padding_mask=batch.source != config.pad_id)  # (B, T, V)
-                picked = logits.float().log_softmax(-1).gather(
-                    -1, batch.targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
-                lengths = torch.tensor([len(outputs[i]) + 1 for i in indices], device=device)
-                real = torch.arange(picked.shape[1], device=device) < lengths[:, None]
-                for index, value in zip(indices, picked.masked_fill(~real, 0).sum(-1).tolist()):
-                    result[index] = value
+            yield
     finally:
         model.train(was_training)
-    return result
 
 
 def score_examples(model: nn.Module, tokenizer: SubwordTokenizer,

@@ -125,6 +125,20 @@ def check_same_assets(run_dir: Path, task: Any) -> None:
                     f"with the run's own data and options, or train into another directory")
 
 
+def checkpoints_to_resume(run_dir: Path, task: Any, model_config: dict[str, Any], *,
+                          resume: bool) -> list[Path]:
+    """``run_dir``'s checkpoints, oldest first, once checked that training may resume from them
+    (``resume``, the same task and model config, the same task assets); [] for a fresh run."""
+    checkpoints = list_checkpoints(Path(run_dir) / CHECKPOINT_DIR)
+    if checkpoints and not resume:
+        raise ValueError(f"{run_dir} already holds a run with checkpoints; resume it or choose "
+                         f"another directory")
+    if checkpoints:
+        check_resumable(run_dir, task.name, model_config)
+        check_same_assets(run_dir, task)
+    return checkpoints
+
+
 def published_metric(run_dir: Path, metric: str) -> float | None:
     """``metric`` of the weights the run published (run.json's ``weights_metrics``), if any."""
     try:

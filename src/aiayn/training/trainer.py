@@ -17,12 +17,10 @@ norm each step to decide whether to apply the update (free on CPU; use "raise" t
 from __future__ import annotations
 
 import math
-import random
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -35,12 +33,12 @@ from aiayn.training.distributed import Parallel, rank_seed
 from aiayn.training.optimizer import make_optimizer
 from aiayn.training.rank_agreement import data_fingerprint, parameter_fingerprint
 from aiayn.training.run import (CHECKPOINT_DIR, FORMAT_VERSION, LOG_FILE, TENSORBOARD_DIR,
-                                WEIGHTS_FILE, check_resumable, check_same_assets, publish_weights,
+                                WEIGHTS_FILE, checkpoints_to_resume, publish_weights,
                                 published_metric, qualified_name, update_run_info)
 from aiayn.training.run_log import RunLog
 from aiayn.training.task import Task
 from aiayn.training.trainer_state import (capture_rng, optimizer_from_tensors,
-                                          optimizer_to_tensors, restore_rng)
+                                          optimizer_to_tensors, restore_rng, seed_all)
 from aiayn.training.validation import check_best_metric, evaluate_model, is_better
 from aiayn.training.weights import assign_weights, average_checkpoints, load_weights
 
@@ -90,20 +88,13 @@ class Trainer:
         if self.model_config is None:
             raise ValueError("train needs the model config (pass model_config=)")
         self.checkpoint_dir = self.run_dir / CHECKPOINT_DIR
-        checkpoints = list_checkpoints(self.checkpoint_dir)
-        if checkpoints and not resume:
-            raise ValueError(f"{self.run_dir} already holds a run with checkpoints; resume it or "
-                             f"choose another directory")
-        if checkpoints:
-            check_resumable(self.run_dir, task.name, self.model_config.to_dict())
-            check_same_assets(self.run_dir, task)
+        checkpoints = checkpoints_to_resume(self.run_dir, task, self.model_config.to_dict(),
+                                            resume=resume)
 
         self.device = torch.device(default_device(config.device))
         # All three generators (the checkpoint saves all three): a fresh run is a function of the
         # seed alone, so a killed-and-resumed run ends bit-identical to an uninterrupted one.
-        torch.manual_seed(config.seed)
-        random.seed(config.seed)
-        np.random.seed(config.seed % 2**32)
+        seed_all(config.seed)
         model.to(self.device)
         model.train()
         self.parallel = Parallel(config.distributed, self.device)
@@ -327,18 +318,14 @@ class Trainer:
         """Validation metrics of the current weights, logged; publishes the weights as the run's
         model when they are the best so far on ``config.best_metric``."""
         self.check_finite()
-        metrics = evaluate_model(self.parallel.eval_model, self.task)
-        self.log.write({"step": self.steps_done, "split": "valid", **metrics})
         metric = self.config.best_metric
-        if metric is not None:
-            if metric not in metrics:
-                raise ValueError(f"best_metric {metric!r} is not among the task's metrics "
-                                 f"{sorted(metrics)}")
-            if is_better(metrics[metric], self.best, self.config.best_mode):
-                self.best = metrics[metric]
-                full_model = self.parallel.full_model()  # every rank: the metrics are the same
-                if self.main:
-                    publish_weights(self.run_dir, full_model, f"best@{self.steps_done}", metrics)
+        metrics = evaluate_model(self.parallel.eval_model, self.task, metric)
+        self.log.write({"step": self.steps_done, "split": "valid", **metrics})
+        if metric is not None and is_better(metrics[metric], self.best, self.config.best_mode):
+            self.best = metrics[metric]
+            full_model = self.parallel.full_model()  # every rank: the metrics are the same
+            if self.main:
+                publish_weights(self.run_dir, full_model, f"best@{self.steps_done}", metrics)
         self.metrics, self.last_eval_step = metrics, self.steps_done
         return metrics
 
@@ -394,10 +381,10 @@ class Trainer:
         recent = list_checkpoints(self.checkpoint_dir)[-self.config.average_last:]
         final_state = {k: v.detach().clone() for k, v in final_model.state_dict().items()}
         assign_weights(final_model, average_checkpoints(recent), source="checkpoint average")
-        averaged = evaluate_model(final_model, self.task)
+        metric = self.config.best_metric
+        averaged = evaluate_model(final_model, self.task, metric)
         self.log.write({"step": self.steps_done, "split": "valid_averaged",
                         "checkpoints": len(recent), **averaged})
-        metric = self.config.best_metric
         if metric is None or is_better(averaged[metric], self.best, self.config.best_mode):
             self.best = averaged.get(metric) if metric else None
             self.metrics = averaged

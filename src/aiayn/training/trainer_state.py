@@ -13,6 +13,13 @@ import torch
 from torch import Tensor
 
 
+def seed_all(seed: int) -> None:
+    """Seed torch's, Python's and NumPy's generators (the three a checkpoint saves)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
 def capture_rng() -> tuple[dict[str, Tensor], dict[str, Any]]:
     """RNG states of torch (CPU and CUDA), Python and NumPy as (tensors, JSON)."""
     tensors = {"rng/torch": torch.get_rng_state()}

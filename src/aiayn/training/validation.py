@@ -27,9 +27,11 @@ def check_best_metric(task: Task, metric: str | None) -> None:
         raise ValueError(f"best_metric {metric!r} is not among the task's metrics {sorted(names)}")
 
 
-def evaluate_model(model: nn.Module, task: Task) -> dict[str, float]:
+def evaluate_model(model: nn.Module, task: Task, best_metric: str | None = None
+                   ) -> dict[str, float]:
     """Validation metrics, without disturbing the training RNG streams (exact resume); those of a
-    task that declares them (``metric_names``) are checked against the declaration."""
+    task that declares them (``metric_names``) are checked against the declaration, and
+    ``best_metric`` must be among them."""
     was_training = model.training
     model.eval()
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() \
@@ -40,4 +42,7 @@ def evaluate_model(model: nn.Module, task: Task) -> dict[str, float]:
     if hasattr(task, "metric_names") and set(metrics) != task.metric_names():
         raise RuntimeError(f"task {task.name!r} reported {sorted(metrics)} but declares "
                            f"{sorted(task.metric_names())} (metric_names)")
+    if best_metric is not None and best_metric not in metrics:
+        raise ValueError(f"best_metric {best_metric!r} is not among the task's metrics "
+                         f"{sorted(metrics)}")
     return metrics
