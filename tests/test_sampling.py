@@ -255,6 +255,21 @@ def test_generation_restores_training_mode():
     assert model.training
 
 
+@pytest.mark.parametrize("mode", [True, False])
+def test_generation_restores_the_mode_when_a_callback_raises(mode):
+    """The caller's mode survives an error raised inside the decoding loop."""
+    model = tiny_lm().train(mode)
+    seen = []
+
+    def on_step(index, token, finished):
+        seen.append(model.training)
+        raise RuntimeError("callback failed")
+
+    with pytest.raises(RuntimeError, match="callback failed"):
+        generate(model, [1], max_new_tokens=4, greedy=True, on_step=on_step)
+    assert seen == [False] and model.training is mode
+
+
 @pytest.mark.parametrize("batch, vocab", [(1, 7), (3, 500), (8, 50257)])
 def test_sample_draws_what_torch_multinomial_draws(batch, vocab):
     """The exponential race draws the same ids as torch.multinomial(probs, 1) from the same

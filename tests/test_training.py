@@ -409,6 +409,27 @@ def test_nonfinite_gradient_skips_the_update(tmp_path):
         run(tmp_path, "b", Poisoned(), training_config(steps=3, nonfinite="raise"))
 
 
+def test_validation_runs_in_eval_mode_and_restores_the_mode_also_after_an_error():
+    from aiayn.training.validation import evaluate_model
+
+    class Probe(ReverseTask):
+        def evaluate(self, model):
+            self.seen = model.training
+            if self.fail:
+                raise RuntimeError("evaluation failed")
+            return super().evaluate(model)
+
+    model = Transformer(tiny_config(dropout=0.3)).train()
+    task = Probe()
+    task.fail = False
+    first, second = evaluate_model(model, task), evaluate_model(model, task)
+    assert first == second and task.seen is False and model.training  # no dropout inside
+    task.fail = True
+    with pytest.raises(RuntimeError, match="evaluation failed"):
+        evaluate_model(model, task)
+    assert model.training
+
+
 def test_time_limit_stops_training_early(tmp_path):
     _, metrics = run(tmp_path, "a", ReverseTask(), training_config(steps=50, time_limit=1e-6))
     assert metrics["step"] == 1

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.decoding.sampling import next_tokens
+from aiayn.models.modes import evaluating
 
 StepCallback = Callable[[int, Tensor, Tensor], None]
 StopTest = Callable[[int, list[int]], bool]
@@ -253,9 +254,7 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
     host_stopped = [0] * batch  # per row: how many new tokens it had when the stop test passed
     can_stop = stop is not None or bool(stop_set.numel())
 
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         window = 0  # first column held by the cache
         cache = steps.new_cache(model, batch, min(capacity, fed))
         logits, next_position = steps.prefill(model, cache, sequence, real, window, width, padded)
@@ -295,8 +294,6 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
                                 next_position if padded else None)  # (B, V)
             if padded:
                 next_position += 1
-    finally:
-        model.train(was_training)
     return _result(sequence[:, width:width + produced].tolist(), stopped_by_id.tolist(),
                    host_stopped, stop_ids)
 

@@ -26,6 +26,7 @@ from aiayn.config import TransformerConfig
 from aiayn.data.text import (VALID_FRACTION, CharVocabulary, check_length, contiguous_blocks,
                              random_blocks, read_text, split_text)
 from aiayn.models import CausalLM
+from aiayn.models.modes import evaluating
 from aiayn.tasks.checkpoints import TextTokenizer, load_pretrained_tokenizer, save_pretrained_tokenizer
 from aiayn.tasks.pretrained import PretrainedModel
 from aiayn.training.chunked_loss import chunks_loss, projected_loss
@@ -60,14 +61,13 @@ def evaluate_ids(model: nn.Module, ids: Tensor, *, block_size: int, batch_size: 
     Every target is predicted once, from the tokens before it in its block (contiguous
     non-overlapping blocks of ``block_size``), so the figure is exact and repeatable.
     """
-    was_training = model.training
-    model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
-    for inputs, targets in contiguous_blocks(ids, block_size=block_size, batch_size=batch_size):
-        total += token_loss(model, inputs.to(device), targets.to(device)).double()
-        count += targets.numel()
-    model.train(was_training)
+    with evaluating(model):
+        for inputs, targets in contiguous_blocks(ids, block_size=block_size,
+                                                 batch_size=batch_size):
+            total += token_loss(model, inputs.to(device), targets.to(device)).double()
+            count += targets.numel()
     loss = total.item() / count
     return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bpc": loss / math.log(2),
             "tokens": float(count)}

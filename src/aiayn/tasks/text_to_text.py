@@ -16,8 +16,7 @@ Legend: B batch, S source length, T target length, V vocabulary.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from torch import nn
 from aiayn.config import TransformerConfig
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, SubwordTokenizer
 from aiayn.models import Transformer
+from aiayn.models.modes import evaluating
 from aiayn.tasks.translation import PairBatches, check_pair_options
 from aiayn.training.devices import default_device
 
@@ -167,7 +167,7 @@ def generate_ids(model: nn.Module, tokenizer: SubwordTokenizer, sources: Sequenc
     from aiayn.tasks.translate import translate_ids
 
     ids = [row[:max_length] if max_length else row for row in tokenizer.encode(list(sources))]
-    with _inference(model):
+    with evaluating(model), torch.inference_mode():
         outputs = translate_ids(model, ids, beam_size=beam_size, alpha=alpha,
                                 max_extra=max_extra, engine=engine)
     return ids, outputs
@@ -188,7 +188,7 @@ def output_log_probs(model: nn.Module, sources: Sequence[Sequence[int]],
     config = model.config
     device = next(model.parameters()).device
     result = [0.0] * len(sources)
-    with _inference(model):
+    with evaluating(model), torch.inference_mode():
         for indices in token_batches([len(s) + 1 for s in sources], [len(t) + 1 for t in outputs],
                                      max_tokens=max_tokens, shuffle=False):
             batch = collate([sources[i] for i in indices], [outputs[i] for i in indices], indices,
@@ -213,18 +213,6 @@ def run_prefix(prefixes: dict[str, str], kind: str, run_dir: Any) -> str:
         raise ValueError(f"{run_dir} is a text2text run trained on {sorted(prefixes)} only: it "
                          f"does not {ACTIONS[kind]}")
     return prefixes[kind]
-
-
-@contextmanager
-def _inference(model: nn.Module) -> Iterator[None]:
-    """Eval and inference mode inside; the model's training mode as it was after."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        model.train(was_training)
 
 
 def score_examples(model: nn.Module, tokenizer: SubwordTokenizer,

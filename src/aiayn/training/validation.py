@@ -8,6 +8,7 @@ import math
 import torch
 from torch import nn
 
+from aiayn.models.modes import evaluating
 from aiayn.training.task import Task
 
 
@@ -32,13 +33,10 @@ def evaluate_model(model: nn.Module, task: Task, best_metric: str | None = None
     """Validation metrics, without disturbing the training RNG streams (exact resume); those of a
     task that declares them (``metric_names``) are checked against the declaration, and
     ``best_metric`` must be among them."""
-    was_training = model.training
-    model.eval()
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() \
         and torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad():
+    with evaluating(model), torch.random.fork_rng(devices=devices), torch.no_grad():
         metrics = {key: float(value) for key, value in task.evaluate(model).items()}
-    model.train(was_training)
     if hasattr(task, "metric_names") and set(metrics) != task.metric_names():
         raise RuntimeError(f"task {task.name!r} reported {sorted(metrics)} but declares "
                            f"{sorted(task.metric_names())} (metric_names)")
