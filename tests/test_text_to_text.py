@@ -160,12 +160,12 @@ def test_embedding_lr_scale_covers_exactly_the_weights_t5_starts_at_unit_scale()
     and nothing else; without scale_output those start small and get no factor."""
     import argparse
 
-    from aiayn.commands.train_text_to_text import embedding_lr_scales
+    from aiayn.commands.train import EMBEDDING_LR_SCALE, embedding_lr_scales
     from aiayn.training.optimizer import lr_scale
 
-    def scales(*sets, factor=10.0):
-        return embedding_lr_scales(argparse.Namespace(preset="t5-cpu", set=list(sets),
-                                                      embedding_lr_scale=factor))
+    def scales(*sets, factor=10.0, preset="t5-cpu", init=None):
+        return embedding_lr_scales(argparse.Namespace(preset=preset, set=list(sets),
+                                                      embedding_lr_scale=factor, init=init))
 
     recipe = scales()
     torch.manual_seed(0)
@@ -179,7 +179,10 @@ def test_embedding_lr_scale_covers_exactly_the_weights_t5_starts_at_unit_scale()
         "encoder.position_bias.embedding.weight", "decoder.position_bias.embedding.weight",
         "generator.weight"}
     assert scales("scale_output=false") == {} and scales("init_std=0.02") == {}
-    assert scales(factor=1.0) == {}
+    assert scales(factor=1.0) == {} and scales(preset="mt-cpu") == {}
+    # unset: the recipe's factor from scratch, none for a fine-tuned model unless asked
+    assert scales(factor=None) == {prefix: EMBEDDING_LR_SCALE for prefix in recipe}
+    assert scales(factor=None, init="runs/pretrained") == {}
     assert scales(factor=3.0) == {prefix: 3.0 for prefix in recipe}
     for bad in (0.0, -2.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="--embedding-lr-scale must be a positive number"):

@@ -221,6 +221,27 @@ def test_evaluate_without_a_split_column_scores_every_row_or_the_hash_split_aske
     assert 0 < expected < 480
 
 
+def test_a_t5_style_model_gets_the_embedding_learning_rate_factor(tiny_tsv, tmp_path):
+    """As in text2text, a T5-style model (output rescaled, weights started at unit scale) trains
+    its unit-scale weights at 30x the learning rate, or --embedding-lr-scale's factor; the paper's
+    model and a model fine-tuned from --init get no factor unless asked."""
+    t5 = ["--set", "scale_output=true"]
+    runs = {"paper": [], "t5": t5, "t5x3": [*t5, "--embedding-lr-scale", "3"],
+            "tuned": ["--init", str(tmp_path / "t5")],
+            "tuned-x2": ["--init", str(tmp_path / "t5"), "--embedding-lr-scale", "2"]}
+    scales = {}
+    for name, extra in runs.items():
+        assert main(train_args(tiny_tsv, tmp_path / name, "--steps", "1", *extra)) == 0
+        run = json.loads((tmp_path / name / "run.json").read_text())
+        scales[name] = run["training_config"]["lr_scales"]
+    assert scales["paper"] == {} and scales["tuned"] == {}
+    assert scales["t5"] == dict.fromkeys(["decoder.embeddings.", "decoder.position_bias.",
+                                          "encoder.embeddings.", "encoder.position_bias.",
+                                          "generator."], 30.0)
+    assert scales["t5x3"] == dict.fromkeys(scales["t5"], 3.0)
+    assert scales["tuned-x2"] == dict.fromkeys(scales["t5"], 2.0)
+
+
 def test_a_tokenizer_left_in_a_directory_without_checkpoints_is_not_reused(tiny_tsv, tmp_path):
     """Only a resumed run keeps its tokenizer; a fresh run trains one with its --vocab-size."""
     first, second = tmp_path / "first", tmp_path / "second"

@@ -210,6 +210,44 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return overrides
 
 
+# T5 starts its embeddings, relative-position tables and an untied output matrix at N(0, 1), 10-20x
+# the layers' matrices, for Adafactor, whose steps are relative to each weight's size; Adam's are
+# not. 30 was chosen on the validation split (docs/t5.md: 1, 10, 30 and 100 compared).
+EMBEDDING_LR_SCALE = 30.0
+
+
+def add_embedding_lr_scale(group: argparse._ArgumentGroup) -> None:
+    """``--embedding-lr-scale`` of the encoder-decoder commands (``embedding_lr_scales``)."""
+    group.add_argument("--embedding-lr-scale", type=float, default=None, metavar="F",
+                       help="learning-rate factor for the weights a T5-style model starts at unit "
+                            "scale (token embeddings, relative-position tables, an untied output "
+                            "matrix): Adam moves every weight by about the same step, so without "
+                            f"it these learn 10-20x slower for their size (default "
+                            f"{EMBEDDING_LR_SCALE:g} from scratch, 1 with --init; no effect on "
+                            "models without T5's output scaling, such as mt-cpu)")
+
+
+def embedding_lr_scales(args: argparse.Namespace, config=None) -> dict[str, float]:
+    """``lr_scales`` for ``--embedding-lr-scale`` on the weights ``config`` (default: ``--preset``
+    with ``--set``) starts at unit scale (``unit_scale_prefixes``: none unless the config rescales
+    the output, as T5 does). Unset, the factor is ``EMBEDDING_LR_SCALE`` for a model trained from
+    scratch and 1 for one fine-tuned from ``--init`` (its weights are no longer at their initial
+    scale)."""
+    import math
+
+    from aiayn.config import TransformerConfig
+    from aiayn.models.heads import unit_scale_prefixes
+
+    scale = args.embedding_lr_scale
+    if scale is None:
+        scale = 1.0 if getattr(args, "init", None) else EMBEDDING_LR_SCALE
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"--embedding-lr-scale must be a positive number, got {scale}")
+    if config is None:
+        config = TransformerConfig.preset(args.preset, **parse_overrides(args.set))
+    return {} if scale == 1 else dict.fromkeys(unit_scale_prefixes(config), float(scale))
+
+
 def training_config_from_args(args: argparse.Namespace, d_model: int):
     from aiayn.training import Schedule, TrainingConfig
     from aiayn.training.devices import default_device

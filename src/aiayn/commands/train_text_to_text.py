@@ -12,11 +12,12 @@ the test rows are theirs too (docs/t5.md).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from aiayn.commands.train import add_embedding_lr_scale, embedding_lr_scales
 
 DATA = Path(__file__).resolve().parents[3] / "data"
 BUNDLED = {"translation": DATA / "ddtp_en_de.tsv.gz",
@@ -24,10 +25,6 @@ BUNDLED = {"translation": DATA / "ddtp_en_de.tsv.gz",
 PREFIXES = {"translation": "translate English to German: ", "classification": "debian section: "}
 # the classification command's stratified split (train_classification.py defaults): same test rows
 CLASSIFICATION_SPLIT = dict(valid_fraction=0.1, test_fraction=0.1, seed=0)
-# T5 starts its embeddings, relative-position tables and an untied output matrix at N(0, 1), 10-20x
-# the layers' matrices, for Adafactor, whose steps are relative to each weight's size; Adam's are
-# not. 30 was chosen on the validation split (docs/t5.md: 1, 10, 30 and 100 compared).
-EMBEDDING_LR_SCALE = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,11 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--label-smoothing", type=float, default=0.1)
     group.add_argument("--valid-sentences", type=int, default=200,
                        help="validation translations decoded (greedy) for BLEU at each evaluation")
-    group.add_argument("--embedding-lr-scale", type=float, default=EMBEDDING_LR_SCALE, metavar="F",
-                       help="learning-rate factor for the weights T5 starts at unit scale (token "
-                            "embeddings, relative-position tables, an untied output matrix): Adam "
-                            "moves every weight by about the same step, so without it these "
-                            "learn 10-20x slower for their size than the layers' matrices")
+    add_embedding_lr_scale(group)
     # The translation command's schedule (docs/translation.md), a T5-style model of mt-cpu's size.
     parser.set_defaults(preset="t5-cpu", steps=3000, warmup=400, lr_factor=0.5, clip_norm=1.0,
                         eval_every=500, save_every=500, log_every=20)
@@ -84,20 +77,6 @@ def examples(kind: str, rows: Any, prefix: str) -> list:
 
     build = translation_examples if kind == "translation" else classification_examples
     return build(rows, prefix)
-
-
-def embedding_lr_scales(args: argparse.Namespace) -> dict[str, float]:
-    """``--embedding-lr-scale`` on the weights the model starts at unit scale
-    (``unit_scale_prefixes``: none unless the config rescales the output, as T5 does)."""
-    from aiayn.commands.train import parse_overrides
-    from aiayn.config import TransformerConfig
-    from aiayn.models.heads import unit_scale_prefixes
-
-    scale = args.embedding_lr_scale
-    if not (scale > 0 and math.isfinite(scale)):
-        raise ValueError(f"--embedding-lr-scale must be a positive number, got {scale}")
-    config = TransformerConfig.preset(args.preset, **parse_overrides(args.set))
-    return {} if scale == 1 else dict.fromkeys(unit_scale_prefixes(config), float(scale))
 
 
 def make_task(args: argparse.Namespace):

@@ -10,7 +10,8 @@ import argparse
 import time
 from typing import Any
 
-from aiayn.commands.train import describe_recipes, fill_unset
+from aiayn.commands.train import (add_embedding_lr_scale, describe_recipes, embedding_lr_scales,
+                                  fill_unset)
 
 DEFAULT_PRESET = "mt-cpu"
 # The recipe of each device, every setting applied where the command line leaves it unset
@@ -39,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--label-smoothing", type=float, default=0.1, help="paper 5.4: 0.1")
     group.add_argument("--valid-bleu-sentences", type=int, default=200,
                        help="validation sentences decoded (greedy) for BLEU at each evaluation")
+    add_embedding_lr_scale(group)
     group.add_argument("--init", default=None, metavar="DIR",
                        help="fine-tune a pretrained model: an aiayn translation run or a Hugging "
                             "Face Marian / BART checkpoint directory (its tokenizer and vocabulary "
@@ -76,6 +78,7 @@ def make_task(args: argparse.Namespace):
     if args.init:
         pretrained = load_pretrained_model(args.init, "translation")
         pretrained.config = pretrained.config.replace(**parse_overrides(args.set))
+    args.lr_scales = embedding_lr_scales(args, pretrained.config if pretrained else None)
     return TranslationTask(args.data, run_dir=args.out, vocab_size=args.vocab_size,
                            max_tokens=args.max_tokens, max_length=args.max_length,
                            max_ratio=args.max_ratio, label_smoothing=args.label_smoothing,
