@@ -16,6 +16,7 @@ import ctypes
 import gc
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,24 @@ import torch
 
 BENCH_DIR = Path(__file__).resolve().parent
 THREADS = int(os.environ.get("AIAYN_BENCH_THREADS", "2"))
+
+
+def cpu_name() -> str:
+    """The CPU as /proc/cpuinfo names it, with its family and model: "AMD EPYC" alone has covered
+    machines whose ratios differ (Zen 1 and Zen 3, docs/performance.md)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if not line.strip():  # the first processor is enough
+                break
+    except OSError:
+        return platform.processor() or "unknown"
+    name = fields.get("model name", platform.processor() or "unknown")
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name
 
 
 def setup() -> None:

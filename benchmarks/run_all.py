@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -33,27 +32,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BENCH_DIR, THREADS, gemm_peak_gflops, mib, save_results, setup  # noqa: E402
+from common import (BENCH_DIR, THREADS, cpu_name, gemm_peak_gflops, mib, save_results,  # noqa: E402
+                    setup)
 
 SUITES = ("lm_train", "seq2seq_train", "generation", "encoder_inference")
-
-
-def cpu_name() -> str:
-    """The CPU as /proc/cpuinfo names it, with its family and model: "AMD EPYC" alone has covered
-    machines whose ratios differ (Zen 1 and Zen 3, docs/performance.md)."""
-    fields: dict[str, str] = {}
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-            if not line.strip():  # the first processor is enough
-                break
-    except OSError:
-        return platform.processor() or "unknown"
-    name = fields.get("model name", platform.processor() or "unknown")
-    if "cpu family" in fields and "model" in fields:
-        name += f" (family {fields['cpu family']} model {fields['model']})"
-    return name
 
 
 def table(rows: list[dict], peak: float) -> str:

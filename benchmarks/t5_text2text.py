@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import save_results  # noqa: E402
+from common import cpu_name, save_results  # noqa: E402
 
 DATA = {"translation": ROOT / "data" / "ddtp_en_de.tsv.gz",
         "classification": ROOT / "data" / "debian_sections_topical.tsv.gz"}
@@ -35,16 +34,6 @@ RUNS = {"both": ["translation", "classification"], "translation": ["translation"
 
 def aiayn(*args: str) -> list[str]:
     return [sys.executable, "-m", "aiayn", *args]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def last_json(text: str) -> dict:
