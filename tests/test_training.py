@@ -251,6 +251,63 @@ def test_resume_refuses_another_config_or_a_fresh_start(tmp_path):
               resume=False)
 
 
+def test_resume_refuses_other_training_settings_and_names_them(tmp_path):
+    """Settings that shape the steps still to come (the learning rate, lr_scales, the optimizer's
+    hyper-parameters, accumulation, the seed, the metric behind the best value) must be the run's
+    own; nothing is written when they are not."""
+    base = dict(steps=2, save_every=1)
+    run(tmp_path, "a", ReverseTask(), training_config(**base))
+    run_file = tmp_path / "a" / "run.json"
+    before = run_file.read_bytes()
+    schedule = training_config(**base).schedule
+    for changes, named in (
+            ({"lr_scales": {"decoder.": 30.0}}, "lr_scales (the run's {}, now {'decoder.': 30.0})"),
+            ({"schedule": Schedule(kind="constant", peak=schedule.peak, warmup=7)}, "schedule"),
+            ({"betas": (0.9, 0.99), "weight_decay": 0.1}, "betas"),
+            ({"accumulation": 2}, "accumulation"),
+            ({"seed": 1}, "seed (the run's 0, now 1)"),
+            ({"best_metric": None}, "best_metric (the run's 'loss', now None)")):
+        with pytest.raises(ValueError, match="trained with other settings") as error:
+            train(Transformer(tiny_config()), ReverseTask(),
+                  training_config(**{**base, "steps": 3, **changes}), tmp_path / "a")
+        assert named in str(error.value) and "--init" in str(error.value)
+        assert run_file.read_bytes() == before
+    assert [p.name for p in list_checkpoints(tmp_path / "a" / "checkpoints")][-1] == "step-2"
+
+
+def test_resume_may_change_how_long_where_and_what_it_reports(tmp_path):
+    """More steps (the schedule's end follows them), a time limit, other intervals, no progress
+    bar: the run resumes, and run.json records the settings it now runs with."""
+    def cosine(total):
+        return Schedule(kind="warmup_cosine", peak=3e-3, warmup=1, total=total)
+
+    run(tmp_path, "a", ReverseTask(), training_config(steps=2, save_every=1, schedule=cosine(2)))
+    config = training_config(steps=4, save_every=2, eval_every=2, log_every=2, keep_last=3,
+                             time_limit=600.0, progress=False, schedule=cosine(4))
+    train(Transformer(tiny_config()), ReverseTask(), config, tmp_path / "a")
+    assert [p.name for p in list_checkpoints(tmp_path / "a" / "checkpoints")][-1] == "step-4"
+    saved = json.loads((tmp_path / "a" / "run.json").read_text(encoding="utf-8"))
+    assert saved["training_config"]["steps"] == saved["training_config"]["schedule"]["total"] == 4
+
+
+def test_a_run_saved_before_a_training_field_existed_resumes(tmp_path):
+    """run.json of an older aiayn lacks training fields added since (they take their defaults);
+    one written before the training config was recorded is not compared."""
+    run(tmp_path, "a", ReverseTask(), training_config(steps=2, save_every=1))
+    path = tmp_path / "a" / "run.json"
+    info = json.loads(path.read_text(encoding="utf-8"))
+    assert info["training_config"].pop("lr_scales") == {}
+    path.write_text(json.dumps(info), encoding="utf-8")
+    train(Transformer(tiny_config()), ReverseTask(), training_config(steps=3, save_every=1),
+          tmp_path / "a")
+    info = json.loads(path.read_text(encoding="utf-8"))
+    del info["training_config"]
+    path.write_text(json.dumps(info), encoding="utf-8")
+    train(Transformer(tiny_config()), ReverseTask(), training_config(steps=4, save_every=1),
+          tmp_path / "a")
+    assert [p.name for p in list_checkpoints(tmp_path / "a" / "checkpoints")][-1] == "step-4"
+
+
 def test_a_run_saved_before_a_config_field_existed_resumes(tmp_path):
     """run.json of an older aiayn lacks the fields added since; they take their defaults."""
     import json

@@ -25,6 +25,7 @@ from torch import nn
 from aiayn.config import TransformerConfig
 from aiayn.training.checkpoint import (atomic_write_json, list_checkpoints, read_checkpoint,
                                        save_weights)
+from aiayn.training.config import TrainingConfig
 from aiayn.training.weights import load_weights
 
 FORMAT_VERSION = 1
@@ -125,16 +126,59 @@ def check_same_assets(run_dir: Path, task: Any) -> None:
                     f"with the run's own data and options, or train into another directory")
 
 
+# The training settings a resumed run may change: how long it runs, where, how fast and what it
+# reports. Every other one (optimizer, its hyper-parameters, the schedule's shape, lr_scales,
+# accumulation, clipping, seed, the metric that picks the best weights) shapes the steps still to
+# come from the checkpoint's optimizer state and best value, so it must equal the run's own.
+RESUME_MAY_CHANGE = frozenset({
+    "steps", "eval_every", "save_every", "log_every", "keep_last", "average_last", "nonfinite",
+    "progress", "device", "time_limit", "distributed", "activation_checkpointing", "compile",
+    "tensorboard", "autocast"})
+# The schedule's end follows ``steps`` (a cosine decays to the new end when a run is extended).
+SCHEDULE_MAY_CHANGE = frozenset({"total"})
+
+
+def check_same_training(run_dir: Path, saved: dict[str, Any] | None,
+                        training_config: dict[str, Any]) -> None:
+    """Raise unless ``training_config`` trains on as the run's saved one did: the two may differ
+    only in ``RESUME_MAY_CHANGE`` (and the schedule's ``total``). A run.json without a training
+    config (written before it was recorded) is not checked."""
+    if not saved:
+        return
+    saved, now = _training_with_defaults(saved), _training_with_defaults(training_config)
+    changed = []
+    for key in sorted(set(saved) | set(now)):
+        if key in RESUME_MAY_CHANGE:
+            continue
+        before, after = saved.get(key), now.get(key)
+        if key == "schedule" and isinstance(before, dict) and isinstance(after, dict):
+            before, after = ({name: value for name, value in schedule.items()
+                              if name not in SCHEDULE_MAY_CHANGE} for schedule in (before, after))
+        if before != after:
+            changed.append(f"{key} (the run's {before!r}, now {after!r})")
+    if changed:
+        raise ValueError(f"{run_dir} holds a run trained with other settings: "
+                         f"{'; '.join(changed)}. Resume with the run's own settings (run.json's "
+                         f"training_config), train into another directory, or start a new run "
+                         f"from its weights with --init")
+
+
 def checkpoints_to_resume(run_dir: Path, task: Any, model_config: dict[str, Any], *,
-                          resume: bool) -> list[Path]:
+                          resume: bool, training_config: dict[str, Any] | None = None
+                          ) -> list[Path]:
     """``run_dir``'s checkpoints, oldest first, once checked that training may resume from them
-    (``resume``, the same task and model config, the same task assets); [] for a fresh run."""
+    (``resume``, the same task and model config, the same task assets and, given
+    ``training_config``, the same training settings: ``check_same_training``); [] for a fresh
+    run."""
     checkpoints = list_checkpoints(Path(run_dir) / CHECKPOINT_DIR)
     if checkpoints and not resume:
         raise ValueError(f"{run_dir} already holds a run with checkpoints; resume it or choose "
                          f"another directory")
     if checkpoints:
         check_resumable(run_dir, task.name, model_config)
+        if training_config is not None:
+            check_same_training(run_dir, read_run_info(run_dir).get("training_config"),
+                                training_config)
         check_same_assets(run_dir, task)
     return checkpoints
 
@@ -152,6 +196,15 @@ def _with_defaults(config: dict[str, Any]) -> dict[str, Any]:
     try:
         return TransformerConfig.from_dict(config).to_dict()
     except (TypeError, ValueError):  # not a config of this aiayn: compare it as written
+        return dict(config)
+
+
+def _training_with_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """A training config as ``TrainingConfig.to_dict`` writes it, with the fields it lacks (a run
+    saved before they existed) at their defaults; as written if this aiayn cannot read it."""
+    try:
+        return TrainingConfig.from_dict(config).to_dict()
+    except (TypeError, ValueError):
         return dict(config)
 
 

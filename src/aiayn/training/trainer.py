@@ -89,7 +89,7 @@ class Trainer:
             raise ValueError("train needs the model config (pass model_config=)")
         self.checkpoint_dir = self.run_dir / CHECKPOINT_DIR
         checkpoints = checkpoints_to_resume(self.run_dir, task, self.model_config.to_dict(),
-                                            resume=resume)
+                                            resume=resume, training_config=config.to_dict())
 
         self.device = torch.device(default_device(config.device))
         # All three generators (the checkpoint saves all three): a fresh run is a function of the
