@@ -187,8 +187,8 @@ class TimedTask(LanguageModelTask):
 
     stamps: list[float] = []
 
-    def evaluate(self, model):
-        return {"loss": 0.0}
+    def evaluate(self, model):  # every metric the task declares (the trainer checks them)
+        return dict.fromkeys(self.metric_names(), 0.0)
 
     def loss(self, model, batch):
         self.stamps.append(time.perf_counter())
