@@ -463,6 +463,16 @@ def print_row(row: dict) -> None:
                               for k in profile["top"][:5]), flush=True)
 
 
+def transformers_version() -> str | None:
+    """The installed transformers' version (the HF peer's library), None without it."""
+    try:
+        from importlib.metadata import version
+
+        return version("transformers")
+    except ImportError:  # PackageNotFoundError: not installed
+        return None
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
@@ -492,7 +502,8 @@ def main(argv: list[str]) -> None:
     def save(finished: bool) -> None:  # after every row: a run cut short keeps what it measured
         save_results(args.out, dict(
             command="python3 benchmarks/gpu.py " + " ".join(argv), device=describe(device),
-            torch=torch.__version__, bf16_gemm_peak_tflops=peak, shapes=asdict(shapes),
+            torch=torch.__version__, transformers=transformers_version(),
+            bf16_gemm_peak_tflops=peak, shapes=asdict(shapes),
             seconds=time.perf_counter() - began, finished=finished, rows=rows,
             failed_rows=failed))
 
