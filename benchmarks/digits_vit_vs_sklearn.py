@@ -8,7 +8,8 @@ chosen on the validation images, as the ViT run picks its best checkpoint on the
 3x3 convolutions, 32 and 64 channels, max-pool, a linear head) is trained with the ViT's optimiser,
 schedule, batches and steps. Test images are scored once per model.
 
-    python3 benchmarks/digits_vit_vs_sklearn.py [--seeds 0 1 2] [--threads 2] [--out runs/bench]
+    python3 benchmarks/digits_vit_vs_sklearn.py [--seeds 0 1 2] [--threads 2] [--steps 1500]
+        [--out runs/bench]
 
 Prints the command, a table (test accuracy, macro-F1, wall seconds) and writes a JSON.
 """
@@ -29,6 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from aiayn.commands.train_image_classification import DEFAULTS  # noqa: E402
 from aiayn.data.images import (DIGITS, DIGITS_SPLIT, load_digits, normalise,  # noqa: E402
                                split_images)
 from aiayn.data.labels import LabelMap  # noqa: E402
@@ -67,8 +69,8 @@ def sklearn_baselines(parts, labels: LabelMap) -> list[dict]:
     return results
 
 
-def train_vit(seed: int, out: Path, threads: int) -> dict:
-    """``aiayn train image-classification`` with its defaults, then its test scores."""
+def train_vit(seed: int, out: Path, threads: int, steps: int) -> dict:
+    """``aiayn train image-classification`` with its defaults but ``steps``; its test scores."""
     from aiayn.cli import main
     from aiayn.commands.train_image_classification import evaluation_images
     from aiayn.tasks.image_classification import score
@@ -77,6 +79,8 @@ def train_vit(seed: int, out: Path, threads: int) -> dict:
     run_dir = out / f"vit-seed{seed}"
     command = ["train", "image-classification", "--out", str(run_dir), "--seed", str(seed),
                "--threads", str(threads), "--no-progress", "--no-resume"]
+    if steps != DEFAULTS["steps"]:
+        command += ["--steps", str(steps)]
     start = time.perf_counter()
     if main(command) != 0:
         raise SystemExit(f"aiayn {' '.join(command)} failed")
@@ -104,9 +108,8 @@ class SmallCNN(nn.Module):
         return self.head(self.features(images).flatten(1))  # (B, 64 * 4 * 4) -> (B, K)
 
 
-def train_cnn(seed: int, parts, labels: LabelMap) -> dict:
+def train_cnn(seed: int, parts, labels: LabelMap, steps: int) -> dict:
     """The CNN with the ViT command's optimiser, schedule, batches, steps and best-on-valid pick."""
-    from aiayn.commands.train_image_classification import DEFAULTS
     from aiayn.tasks.image_classification import ImageClassificationTask, predict_probabilities
     from aiayn.training import Schedule
 
@@ -117,9 +120,9 @@ def train_cnn(seed: int, parts, labels: LabelMap) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=DEFAULTS["lr"], betas=DEFAULTS["betas"],
                                   eps=DEFAULTS["adam_eps"], weight_decay=DEFAULTS["weight_decay"])
     schedule = Schedule(kind="warmup_cosine", d_model=64, warmup=DEFAULTS["warmup"],
-                        peak=DEFAULTS["lr"], total=DEFAULTS["steps"], floor=DEFAULTS["min_lr"])
+                        peak=DEFAULTS["lr"], total=steps, floor=DEFAULTS["min_lr"])
     start, step, epoch, best = time.perf_counter(), 0, 0, (-1.0, None)
-    while step < DEFAULTS["steps"]:
+    while step < steps:
         for batch in task.train_batches(epoch):
             step += 1
             for group in optimizer.param_groups:
@@ -129,13 +132,13 @@ def train_cnn(seed: int, parts, labels: LabelMap) -> dict:
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), DEFAULTS["clip_norm"])
             optimizer.step()
-            if step % DEFAULTS["eval_every"] == 0 or step == DEFAULTS["steps"]:
+            if step % DEFAULTS["eval_every"] == 0 or step == steps:
                 model.eval()
                 accuracy = task.evaluate(model)["accuracy"]
                 model.train()
                 if accuracy > best[0]:
                     best = (accuracy, {k: v.clone() for k, v in model.state_dict().items()})
-            if step == DEFAULTS["steps"]:
+            if step == steps:
                 break
         epoch += 1
     model.load_state_dict(best[1])
@@ -154,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"],
+                        help="training steps of the ViT and the CNN (default: the command's)")
     parser.add_argument("--out", default="runs/digits-bench", help="where the ViT runs go")
     parser.add_argument("--json", default="benchmarks/results/digits_vit_vs_sklearn.json")
     args = parser.parse_args(argv)
@@ -165,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data: {DIGITS}: " + " / ".join(f"{len(p)} {n}" for n, p in parts.items()) + " images")
     rows = sklearn_baselines(parts, labels)
     for seed in args.seeds:
-        rows.append(train_vit(seed, Path(args.out), args.threads))
-        rows.append(train_cnn(seed, parts, labels))
+        rows.append(train_vit(seed, Path(args.out), args.threads, args.steps))
+        rows.append(train_cnn(seed, parts, labels, args.steps))
     print(f"\n{'model':<48} {'valid acc':>9} {'test acc':>9} {'test F1':>8} {'seconds':>8}")
     for row in rows:
         valid = f"{row['valid_accuracy']:.4f}" if row["valid_accuracy"] is not None else "-"

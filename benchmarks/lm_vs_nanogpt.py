@@ -17,6 +17,16 @@ Rounds alternate ours / nanoGPT with the same threads; each round trains a fresh
 ``--steps`` steps. Prints the median ms/iteration of each and the ratio ours/nanoGPT, and writes JSON.
 
     python3 benchmarks/lm_vs_nanogpt.py --rounds 5 --steps 100 --json benchmarks/results/lm_vs_nanogpt.json
+
+``--quality`` measures the peer's validation loss instead: nanoGPT's loop trains ``--quality-steps``
+iterations (its README's CPU command: eval_interval 250, eval_iters 20) per ``--seeds`` seed, on the
+LM task's own split of ``--data`` (same character vocabulary, first 90 % / last 10 %), sampling batches
+as nanoGPT does (``torch.manual_seed(seed)``, random windows of a uint16 memmap; the periodic
+``estimate_loss`` calls draw from the same generator, as in train.py). The trained model is then scored
+by ``LanguageModelTask.evaluate`` itself -- the whole validation split in contiguous non-overlapping
+64-character blocks, every target once -- so its loss compares with ``aiayn train lm``'s.
+
+    python3 benchmarks/lm_vs_nanogpt.py --quality --threads 1 --json /tmp/nanogpt_quality.json
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import statistics
 import sys
 import tempfile
@@ -181,6 +192,127 @@ def run_nanogpt(train_bin: Path, vocab_size: int, steps: int, seed: int) -> floa
     return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
+# ---------------------------------------------------------------- nanoGPT's validation loss (--quality)
+EVAL_INTERVAL, EVAL_ITERS = 250, 20  # config/train_shakespeare_char.py; --eval_iters=20 (its README)
+
+
+class FullLogits(nn.Module):
+    """The nanoGPT copy as a plain ``inputs (B, T) -> logits (B, T, V)`` module, the interface
+    ``aiayn.tasks.lm.token_loss`` scores for any module that is not a ``CausalLM``."""
+
+    def __init__(self, gpt: GPT):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, idx):
+        # The copy's forward always scores targets (nanoGPT's targets=None path keeps only the last
+        # position): pass dummy ones and keep the logits of every position.
+        logits, _ = self.gpt(idx, torch.zeros_like(idx))
+        return logits  # (B, T, V)
+
+
+def train_nanogpt(train_bin: Path, val_bin: Path, vocab_size: int, steps: int, seed: int):
+    """nanoGPT's train.py loop for ``steps`` updates; returns the model, its ``estimate_loss``
+    figures by iteration (the last one after ``steps`` updates, as train.py prints at max_iters)
+    and the seconds the loop took."""
+    torch.manual_seed(seed)
+
+    def get_batch(split):
+        data = np.memmap(train_bin if split == "train" else val_bin, dtype=np.uint16, mode="r")
+        ix = torch.randint(len(data) - BLOCK, (BATCH,))
+        x = torch.stack([torch.from_numpy((data[i:i + BLOCK]).astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy((data[i + 1:i + 1 + BLOCK]).astype(np.int64))
+                         for i in ix])
+        return x, y
+
+    @torch.no_grad()
+    def estimate_loss():
+        out = {}
+        model.eval()
+        for split in ["train", "val"]:
+            losses = torch.zeros(EVAL_ITERS)
+            for k in range(EVAL_ITERS):
+                X, Y = get_batch(split)
+                logits, loss = model(X, Y)
+                losses[k] = loss.item()
+            out[split] = losses.mean().item()
+        model.train()
+        return out
+
+    model = GPT(vocab_size)
+    optimizer = model.configure_optimizers(0.1, LR, (0.9, 0.99))
+    start = time.perf_counter()
+    X, Y = get_batch("train")
+    estimates = {}
+    for iter_num in range(steps + 1):
+        lr = nanogpt_lr(iter_num)
+        for param_group in optimizer.param_groups:
+            param_group["lr"] = lr
+        if iter_num % EVAL_INTERVAL == 0 or iter_num == steps:
+            estimates[iter_num] = estimate_loss()
+            print(f"  step {iter_num}: train loss {estimates[iter_num]['train']:.4f}, "
+                  f"val loss {estimates[iter_num]['val']:.4f}", flush=True)
+        if iter_num == steps:  # train.py evaluates at max_iters, then takes one more step unused
+            break
+        logits, loss = model(X, Y)
+        X, Y = get_batch("train")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss.item()  # log_interval=1
+    return model, estimates, time.perf_counter() - start
+
+
+def _shown(path: Path) -> str:
+    """A path as a reader of the JSON types it: relative to the repository when inside it."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def run_quality(args: argparse.Namespace, command: str) -> int:
+    """Train nanoGPT per seed, score it on the whole validation split as aiayn does; table + JSON."""
+    task = LanguageModelTask(args.data, batch_size=BATCH, block_size=BLOCK, device="cpu")
+    vocab_size = len(task.vocabulary)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        train_bin, val_bin = Path(tmp) / "train.bin", Path(tmp) / "val.bin"
+        task.train_ids.numpy().astype(np.uint16).tofile(train_bin)
+        task.valid_ids.numpy().astype(np.uint16).tofile(val_bin)
+        for seed in args.seeds:
+            print(f"seed {seed}: {args.quality_steps} iterations", flush=True)
+            model, estimates, seconds = train_nanogpt(train_bin, val_bin, vocab_size,
+                                                      args.quality_steps, seed)
+            start = time.perf_counter()
+            metrics = task.evaluate(FullLogits(model))  # aiayn's own evaluation, whole split
+            rows.append({"seed": seed, "steps": args.quality_steps,
+                         "val_loss": metrics["loss"], "val_bpc": metrics["bpc"],
+                         "val_tokens": int(metrics["tokens"]),
+                         "estimate_val_loss": estimates[args.quality_steps]["val"],
+                         "estimate_train_loss": estimates[args.quality_steps]["train"],
+                         "seconds": seconds, "eval_seconds": time.perf_counter() - start,
+                         "estimates": {str(k): v for k, v in estimates.items()}})
+    losses = [row["val_loss"] for row in rows]
+    result = {"command": command, "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "data": _shown(Path(args.data)), "vocab_size": vocab_size,
+              "train_tokens": task.train_ids.numel(), "valid_tokens": task.valid_ids.numel(),
+              "evaluation": f"LanguageModelTask.evaluate: whole validation split, contiguous "
+                            f"non-overlapping blocks of {BLOCK}, every target once",
+              "estimate": f"nanoGPT estimate_loss: mean of {EVAL_ITERS} random val batches of "
+                          f"{BATCH}x{BLOCK}",
+              "mean_val_loss": statistics.fmean(losses), "seeds": rows}
+    print(f"{'seed':>6} {'steps':>6} {'val loss (whole split)':>23} {'estimate (20 batches)':>22} "
+          f"{'seconds':>8}")
+    for row in rows:
+        print(f"{row['seed']:>6} {row['steps']:>6} {row['val_loss']:>23.4f} "
+              f"{row['estimate_val_loss']:>22.4f} {row['seconds']:>8.1f}")
+    print(f"mean whole-split val loss {result['mean_val_loss']:.4f} nats/char")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 # ---------------------------------------------------------------- ours (the real engine)
 class TimedTask(LanguageModelTask):
     """The LM task with validation replaced by a constant: this benchmark times training only."""
@@ -220,9 +352,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=100, help="training steps per round")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--quality", action="store_true",
+                        help="measure nanoGPT's validation loss instead of timing both sides")
+    parser.add_argument("--quality-steps", type=int, default=DECAY_ITERS,
+                        help="nanoGPT iterations per seed with --quality")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1337, 0],
+                        help="torch.manual_seed of each --quality run (nanoGPT: 1337)")
     args = parser.parse_args(argv)
+    if args.quality_steps < 1:
+        parser.error(f"--quality-steps must be positive, got {args.quality_steps}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.quality:
+        given = sys.argv[1:] if argv is None else argv
+        return run_quality(args, shlex.join(["python3", "benchmarks/lm_vs_nanogpt.py", *given]))
     task = TimedTask(args.data, batch_size=BATCH, block_size=BLOCK, device="cpu")
     ours_ms, peer_ms = [], []
     with tempfile.TemporaryDirectory() as tmp:

