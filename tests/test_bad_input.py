@@ -595,7 +595,7 @@ cli("run-cli-resume-with-another-model-config",
     "holds a run with another model config", "d_model")
 cli("run-cli-resume-with-other-training-settings",
     lambda c: resume_lm(c, c.run("lm"), "--seed", "3"),
-    "trained with other settings", "seed (the run's 0, now 3)", "--init")
+    "trained with other settings", "seed (the run's 0, now 3)", "--init", "(options: --seed)")
 cli("run-cli-resume-lm-on-text-with-other-characters",  # same count: the config still matches
     lambda c: ["train", "lm", "--data", str(c.file("other.txt", LM_TEXT.replace("a", "~"))),
                "--out", str(c.run("lm")), *COMMON, *TASK_ARGS["lm"], "--steps", "4"],

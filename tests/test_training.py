@@ -290,6 +290,32 @@ def test_resume_may_change_how_long_where_and_what_it_reports(tmp_path):
     assert saved["training_config"]["steps"] == saved["training_config"]["schedule"]["total"] == 4
 
 
+def test_the_cli_names_an_option_for_every_setting_a_resume_must_keep():
+    """``SETTING_OPTIONS`` covers exactly the TrainingConfig fields outside RESUME_MAY_CHANGE, and
+    each option it names is one of the ``aiayn train TASK`` parsers'."""
+    import argparse
+    from dataclasses import fields
+
+    from aiayn.cli import build_parser
+    from aiayn.commands.train import SETTING_OPTIONS
+    from aiayn.training.run import RESUME_MAY_CHANGE
+
+    assert set(SETTING_OPTIONS) == {f.name for f in fields(TrainingConfig)} - RESUME_MAY_CHANGE
+
+    def options(parser):  # every option string of the parser and of its sub-commands
+        found = set()
+        for action in parser._actions:
+            found |= set(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    found |= options(sub)
+        return found
+
+    known = options(build_parser())
+    for field, names in SETTING_OPTIONS.items():
+        assert set(names) <= known, (field, set(names) - known)
+
+
 def test_a_run_saved_before_a_training_field_existed_resumes(tmp_path):
     """run.json of an older aiayn lacks training fields added since (they take their defaults);
     one written before the training config was recorded is not compared."""

@@ -248,6 +248,16 @@ def embedding_lr_scales(args: argparse.Namespace, config=None) -> dict[str, floa
     return {} if scale == 1 else dict.fromkeys(unit_scale_prefixes(config), float(scale))
 
 
+# The options behind each TrainingConfig field a resume must keep (``training.run``).
+SETTING_OPTIONS = {
+    "optimizer": ("--optimizer",), "betas": ("--betas",), "eps": ("--adam-eps",),
+    "weight_decay": ("--weight-decay",), "decay_matrices_only": ("--decay-matrices-only",),
+    "schedule": ("--schedule", "--lr", "--lr-factor", "--warmup", "--min-lr"),
+    "lr_scales": ("--embedding-lr-scale", "--head-lr-scale"), "accumulation": ("--accumulation",),
+    "clip_norm": ("--clip-norm",), "seed": ("--seed",), "best_metric": ("--best-metric",),
+    "best_mode": ("--best-mode",)}
+
+
 def training_config_from_args(args: argparse.Namespace, d_model: int):
     from aiayn.training import Schedule, TrainingConfig
     from aiayn.training.devices import default_device
@@ -290,6 +300,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from aiayn.config import TransformerConfig
     from aiayn.training import train
+    from aiayn.training.run import TrainingSettingsChanged
     from aiayn.training.process_group import world_size_from_env
 
     if args.threads:
@@ -301,8 +312,16 @@ def _train(args: argparse.Namespace) -> int:
     training = training_config_from_args(args, model_config.d_model)
     torch.manual_seed(args.seed)
     model = task.build_model(model_config)
-    metrics = train(model, task, training, args.out, model_config=model_config,
-                    resume=not args.no_resume)
+    try:
+        metrics = train(model, task, training, args.out, model_config=model_config,
+                        resume=not args.no_resume)
+    except TrainingSettingsChanged as error:  # name this command's options behind those fields
+        options = sorted({option for field in error.fields
+                          for option in SETTING_OPTIONS.get(field, ())
+                          if hasattr(args, option[2:].replace("-", "_"))})
+        if not options:
+            raise
+        raise ValueError(f"{error} (options: {', '.join(options)})") from None
     if world_size_from_env() <= 1 or os.environ.get("RANK", "0") == "0":  # rank 0 reports
         print(json.dumps({"task": args.task, "run_dir": str(args.out), **metrics}))
     return 0

@@ -138,6 +138,14 @@ RESUME_MAY_CHANGE = frozenset({
 SCHEDULE_MAY_CHANGE = frozenset({"total"})
 
 
+class TrainingSettingsChanged(ValueError):
+    """A resume with training settings other than the run's; ``fields`` names those that differ."""
+
+    def __init__(self, message: str, fields: list[str]):
+        super().__init__(message)
+        self.fields = fields
+
+
 def check_same_training(run_dir: Path, saved: dict[str, Any] | None,
                         training_config: dict[str, Any]) -> None:
     """Raise unless ``training_config`` trains on as the run's saved one did: the two may differ
@@ -146,7 +154,7 @@ def check_same_training(run_dir: Path, saved: dict[str, Any] | None,
     if not saved:
         return
     saved, now = _training_with_defaults(saved), _training_with_defaults(training_config)
-    changed = []
+    changed, fields = [], []
     for key in sorted(set(saved) | set(now)):
         if key in RESUME_MAY_CHANGE:
             continue
@@ -156,11 +164,12 @@ def check_same_training(run_dir: Path, saved: dict[str, Any] | None,
                               if name not in SCHEDULE_MAY_CHANGE} for schedule in (before, after))
         if before != after:
             changed.append(f"{key} (the run's {before!r}, now {after!r})")
+            fields.append(key)
     if changed:
-        raise ValueError(f"{run_dir} holds a run trained with other settings: "
-                         f"{'; '.join(changed)}. Resume with the run's own settings (run.json's "
-                         f"training_config), train into another directory, or start a new run "
-                         f"from its weights with --init")
+        raise TrainingSettingsChanged(
+            f"{run_dir} holds a run trained with other settings: {'; '.join(changed)}. Resume "
+            f"with the run's own settings (run.json's training_config), train into another "
+            f"directory, or start a new run from its weights with --init", fields)
 
 
 def checkpoints_to_resume(run_dir: Path, task: Any, model_config: dict[str, Any], *,
