@@ -44,7 +44,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from common import BENCH_DIR, save_results
+from common import BENCH_DIR, cpu_name, save_results
 
 import aiayn
 from aiayn.config import TransformerConfig
@@ -451,6 +451,7 @@ def run(args: argparse.Namespace) -> dict:
         "command": "python3 benchmarks/translation_vs_marian.py " + " ".join(args.argv),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"threads": args.threads, "processor": platform.processor() or platform.machine(),
+                    "cpu": cpu_name(),
                     "torch": torch.__version__, "transformers": transformers.__version__},
         "setup": {
             "data": str(args.data), "train_pairs": len(task.train_source),

@@ -32,6 +32,7 @@ def test_quick_run_reports_both_sides(tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "ours/peer" in completed.stdout
     result = json.loads(out.read_text(encoding="utf-8"))
+    assert isinstance(result["machine"]["cpu"], str) and result["machine"]["cpu"]  # the CPU model
     setup = result["setup"]
     assert setup["parameters"]["aiayn"] == setup["parameters"]["marian"] > 0
     assert setup["initial_logits_max_abs_diff"] < 1e-4  # one architecture, one set of weights
