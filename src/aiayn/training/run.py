@@ -94,20 +94,24 @@ def read_run_info(run_dir: str | Path) -> dict[str, Any]:
     return info
 
 
-def check_resumable(run_dir: Path, task: str, model_config: dict[str, Any]) -> None:
-    """Raise unless ``run_dir`` holds a run of ``task`` with this model config (to resume it)."""
+def check_resumable(run_dir: Path, task: str, model_config: dict[str, Any],
+                    training_config: dict[str, Any] | None = None) -> None:
+    """Raise unless ``run_dir`` holds a run of ``task`` with this model config (to resume it) and,
+    given ``training_config``, the same training settings (``check_same_training``)."""
     info = read_run_info(run_dir)
     if info["task"] != task:
         raise ValueError(f"{run_dir} holds a run of task {info['task']!r}, not {task!r}")
     # A run saved before a config field existed holds no value for it: compare both configs with
     # their defaults filled in, so such a run resumes (its value is the field's default).
-    saved = _with_defaults(info["model_config"])
-    if saved != _with_defaults(model_config):
-        changed = sorted(key for key, value in _with_defaults(model_config).items()
-                         if saved.get(key) != value)
+    saved, now = (_with_defaults(TransformerConfig, config)
+                  for config in (info["model_config"], model_config))
+    if saved != now:
+        changed = sorted(key for key, value in now.items() if saved.get(key) != value)
         raise ValueError(f"{run_dir} holds a run with another model config (differs in "
                          f"{', '.join(changed)}); resume with the same settings or use "
                          f"another directory")
+    if training_config is not None:
+        check_same_training(run_dir, info.get("training_config"), training_config)
 
 
 def check_same_assets(run_dir: Path, task: Any) -> None:
@@ -153,7 +157,7 @@ def check_same_training(run_dir: Path, saved: dict[str, Any] | None,
     config (written before it was recorded) is not checked."""
     if not saved:
         return
-    saved, now = _training_with_defaults(saved), _training_with_defaults(training_config)
+    saved, now = (_with_defaults(TrainingConfig, c) for c in (saved, training_config))
     changed, fields = [], []
     for key in sorted(set(saved) | set(now)):
         if key in RESUME_MAY_CHANGE:
@@ -184,10 +188,7 @@ def checkpoints_to_resume(run_dir: Path, task: Any, model_config: dict[str, Any]
         raise ValueError(f"{run_dir} already holds a run with checkpoints; resume it or choose "
                          f"another directory")
     if checkpoints:
-        check_resumable(run_dir, task.name, model_config)
-        if training_config is not None:
-            check_same_training(run_dir, read_run_info(run_dir).get("training_config"),
-                                training_config)
+        check_resumable(run_dir, task.name, model_config, training_config)
         check_same_assets(run_dir, task)
     return checkpoints
 
@@ -201,18 +202,11 @@ def published_metric(run_dir: Path, metric: str) -> float | None:
     return value if isinstance(value, (int, float)) else None
 
 
-def _with_defaults(config: dict[str, Any]) -> dict[str, Any]:
+def _with_defaults(config_class: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` as ``config_class.to_dict`` writes it, with the fields it lacks (a run saved
+    before they existed) at their defaults; as written if this aiayn cannot read it."""
     try:
-        return TransformerConfig.from_dict(config).to_dict()
-    except (TypeError, ValueError):  # not a config of this aiayn: compare it as written
-        return dict(config)
-
-
-def _training_with_defaults(config: dict[str, Any]) -> dict[str, Any]:
-    """A training config as ``TrainingConfig.to_dict`` writes it, with the fields it lacks (a run
-    saved before they existed) at their defaults; as written if this aiayn cannot read it."""
-    try:
-        return TrainingConfig.from_dict(config).to_dict()
+        return config_class.from_dict(config).to_dict()
     except (TypeError, ValueError):
         return dict(config)
 
