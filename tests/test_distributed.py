@@ -25,6 +25,16 @@ from aiayn.training.process_group import process_group_from_env
 from aiayn.training.weights import read_tensors
 
 PAD = 0
+
+
+def _has_fsdp2() -> bool:
+    import torch.distributed.fsdp as fsdp
+    return hasattr(fsdp, "fully_shard")  # public from torch 2.6
+
+
+# Older torch: Parallel.wrap raises a RuntimeError that names the version and suggests DDP.
+NEEDS_FSDP2 = pytest.mark.skipif(not _has_fsdp2(),
+                                 reason=f"torch {torch.__version__} has no FSDP2 fully_shard")
 CONFIG = TransformerConfig.preset("tiny", vocab_size=23, d_model=16, n_heads=2, d_ff=32,
                                   n_decoder_layers=2, max_length=16, dropout=0.0,
                                   attention_dropout=0.0, activation_dropout=0.0)
@@ -214,7 +224,8 @@ def reference(tmp_path_factory):
     return run_dir
 
 
-@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=[pytest.mark.slow,
+                                                                         NEEDS_FSDP2])])
 def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path, reference,
                                                                     strategy):
     run_dir = tmp_path / "run"
@@ -226,6 +237,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path, re
     assert len(_losses(run_dir)) == 4  # rank 0 alone wrote the log, once per step
 
 
+@NEEDS_FSDP2
 def test_fsdp_gathers_the_parameters_for_a_causal_lms_hidden_states(tmp_path):
     """aiayn's LM loss runs CausalLM.hidden_states, not forward, on the CPU (the chunked loss):
     FSDP gathers the sharded parameters for it too, and the run equals one process's."""
@@ -237,7 +249,7 @@ def test_fsdp_gathers_the_parameters_for_a_causal_lms_hidden_states(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=NEEDS_FSDP2)])
 def test_killed_run_resumed_with_two_processes_reaches_the_same_weights(tmp_path, reference,
                                                                         strategy):
     run_dir = tmp_path / "run"
@@ -423,12 +435,28 @@ def test_compile_layers_compiles_the_layers_and_keeps_the_chunked_loss(monkeypat
         compile_layers(torch.nn.Linear(2, 2))
 
 
+def test_grad_norm_without_get_total_norm_equals_it(monkeypatch):
+    """torch < 2.6 has no nn.utils.get_total_norm: the trainer's global gradient norm (logged
+    every step, clipping or not) is then computed directly, to the same value."""
+    torch.manual_seed(0)
+    parameters = [torch.nn.Parameter(torch.randn(shape)) for shape in ((3, 4), (5,), (2, 2))]
+    for parameter in parameters[:2]:  # the last one has no gradient, as a frozen parameter
+        parameter.grad = torch.randn_like(parameter)
+    expected = torch.cat([p.grad.reshape(-1) for p in parameters[:2]]).square().sum().sqrt()
+    if hasattr(torch.nn.utils, "get_total_norm"):
+        assert torch.allclose(Parallel.grad_norm(parameters, None), expected, rtol=1e-6, atol=0)
+        monkeypatch.delattr(torch.nn.utils, "get_total_norm")
+    assert torch.allclose(Parallel.grad_norm(parameters, None), expected, rtol=1e-6, atol=0)
+    assert Parallel.grad_norm(parameters[2:], None).item() == 0.0
+
+
 def test_bad_distributed_option_is_rejected():
     with pytest.raises(ValueError, match="distributed must be one of"):
         TrainingConfig(distributed="zero3")
 
 
 @pytest.mark.slow
+@NEEDS_FSDP2
 def test_torchrun_runs_the_train_command(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("To be, or not to be, that is the question. " * 40, encoding="utf-8")

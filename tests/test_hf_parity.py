@@ -8,7 +8,8 @@ import torch
 import aiayn
 from aiayn import TransformerConfig
 from aiayn.models import CausalLM, MaskedLM, SequenceClassifier, Transformer, TransformerEncoder
-from hf_helpers import max_diff_where, padded_ids, randomise
+from hf_helpers import (MARIAN_SEPARATE_VOCAB_4, max_diff_where, needs_transformers_5,
+                        padded_ids, randomise)
 
 transformers = pytest.importorskip("transformers")
 
@@ -146,8 +147,9 @@ def _seq2seq_case(family, name):
     return transformers.BartForConditionalGeneration(config), config, 60
 
 
-@pytest.mark.parametrize("family, name", [("marian", n) for n in MARIAN_CONFIGS]
-                         + [("bart", n) for n in BART_CONFIGS])
+@pytest.mark.parametrize("family, name", [
+    pytest.param("marian", n, marks=MARIAN_SEPARATE_VOCAB_4 if "separate" in n else ())
+    for n in MARIAN_CONFIGS] + [("bart", n) for n in BART_CONFIGS])
 def test_seq2seq_parity(tmp_path, family, name):
     hf_model, config, target_vocab = _seq2seq_case(family, name)
     hf = _save_hf(hf_model, tmp_path)
@@ -162,6 +164,34 @@ def test_seq2seq_parity(tmp_path, family, name):
         memory = ours.encode(src, src_mask)
     assert max_diff_where(logits, reference.logits, tgt_mask) <= TOLERANCE
     assert max_diff_where(memory, reference.encoder_last_hidden_state, src_mask) <= TOLERANCE
+
+
+def test_separate_vocab_marian_saved_by_transformers_4_loads(tmp_path):
+    """transformers < 5 saved a separate-vocabulary Marian's decoder embedding as a copy of the
+    source one (vocab_size rows), transformers 5 with decoder_vocab_size rows: aiayn loads both
+    layouts to the same model (rows past the target vocabulary are never indexed)."""
+    from safetensors.torch import load_file, save_file
+
+    hf_model, config, target_vocab = _seq2seq_case("marian", "d48-h6-e3d2-separate-vocab")
+    _save_hf(hf_model, tmp_path / "saved")
+    tensors = load_file(tmp_path / "saved" / "model.safetensors")
+    key = "model.decoder.embed_tokens.weight"
+    rows = tensors[key][:target_vocab]  # the rows both layouts hold
+    layouts = {"v5": rows, "v4": torch.cat([rows, torch.randn(config.vocab_size - target_vocab,
+                                                              config.d_model)]),
+               "neither": rows[:-1]}
+    for name, embedding in layouts.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_bytes(
+            (tmp_path / "saved" / "config.json").read_bytes())
+        save_file({**tensors, key: embedding.contiguous()}, tmp_path / name / "model.safetensors",
+                  metadata={"format": "pt"})
+    expected, loaded = aiayn.from_pretrained(tmp_path / "v5"), aiayn.from_pretrained(tmp_path / "v4")
+    for (name, value), (_, other) in zip(expected.state_dict().items(),
+                                         loaded.state_dict().items(), strict=True):
+        assert torch.equal(value, other), name
+    with pytest.raises(ValueError, match="shape mismatch"):  # any other row count is an error
+        aiayn.from_pretrained(tmp_path / "neither")
 
 
 def test_marian_positions_are_hf_sinusoids(tmp_path):
@@ -232,7 +262,10 @@ def test_round_trip_gpt2(tmp_path, tied):
                               mask) <= TOLERANCE
 
 
-@pytest.mark.parametrize("flavour", ["marian", "marian-separate-vocab", "bart", "bart-untied"])
+@pytest.mark.parametrize("flavour", [
+    "marian", pytest.param("marian-separate-vocab", marks=needs_transformers_5(
+        "it loads a separate-vocabulary Marian only with the source vocabulary's rows in the "
+        "decoder embedding; aiayn writes transformers 5's layout")), "bart", "bart-untied"])
 def test_round_trip_seq2seq(tmp_path, flavour):
     common = dict(d_model=42, n_heads=3, d_ff=50, n_encoder_layers=2, n_decoder_layers=2,
                   max_length=40, dropout=0.1, output_bias=True)

@@ -273,7 +273,10 @@ def test_noam_rises_to_its_peak_at_warmup_then_decays(warmup, d_model, factor):
 
 
 @SETTINGS
-@given(st.integers(0, 300), st.integers(1, 600), st.floats(1e-6, 1.0), st.floats(0.0, 1.0))
+# No subnormal fractions: hypothesis refuses them once something in the process has set
+# flush-to-zero (torch 2.4's CPU torch.compile does).
+@given(st.integers(0, 300), st.integers(1, 600), st.floats(1e-6, 1.0),
+       st.floats(0.0, 1.0, allow_subnormal=False))
 def test_warmup_cosine_stays_between_floor_and_peak_up_then_down(warmup, extra, peak, fraction):
     floor = peak * fraction
     total = warmup + extra

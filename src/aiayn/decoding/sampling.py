@@ -50,6 +50,11 @@ def next_tokens(logits: Tensor, *, greedy: bool = False, temperature: float = 1.
         return logits.argmax(dim=-1)
     logits = logits.float()
     if temperature < 1e-6:  # logits / temperature could overflow to inf: divide the gaps to the
-        logits = logits - logits.amax(dim=-1, keepdim=True)  # row maximum (softmax is unchanged)
-    logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
+        # row maximum (softmax is unchanged), in float64, where a temperature below float32's
+        # normal range (1.2e-38) is not read as 0 when flush-to-zero is on (crtfastmath).
+        gaps = logits - logits.amax(dim=-1, keepdim=True)  # (B, V), <= 0
+        logits = (gaps.double() / temperature).float()
+    else:
+        logits = logits / temperature
+    logits = filter_logits(logits, top_k=top_k, top_p=top_p)
     return sample(logits.softmax(dim=-1), generator)  # (B,)

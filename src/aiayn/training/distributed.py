@@ -240,8 +240,11 @@ class Parallel:
         grads = [p.grad for p in parameters if p.grad is not None]
         if clip is not None:
             norm = nn.utils.clip_grad_norm_(parameters, clip)
-        else:
+        elif hasattr(nn.utils, "get_total_norm"):  # torch >= 2.6
             norm = nn.utils.get_total_norm(grads)
+        else:  # older torch has no FSDP2 either, so the gradients are plain tensors
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])
+                                            if grads else torch.zeros(1))
         full = getattr(norm, "full_tensor", None)
         return full() if full is not None else norm
 
