@@ -192,8 +192,9 @@ def marian_training_loss(model, batch: TranslationBatch, smoothing: float, task)
     from transformers.trainer_pt_utils import LabelSmoother
 
     labels = batch.targets.masked_fill(batch.targets == PAD_ID, -100)  # (B, T)
-    return LabelSmoother(epsilon=smoothing)({"logits": marian_logits(model, batch)}, labels,
-                                            num_items_in_batch=batch.target_tokens)
+    # Without num_items_in_batch (which transformers 4 lacks) it divides by the labels that are
+    # not -100: the target tokens.
+    return LabelSmoother(epsilon=smoothing)({"logits": marian_logits(model, batch)}, labels)
 
 
 def initial_training_losses(ours, marian, batch: TranslationBatch, smoothing: float, task

@@ -2,7 +2,40 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+
+import pytest
 import torch
+
+try:
+    TRANSFORMERS_MAJOR = int(version("transformers").split(".")[0])
+except PackageNotFoundError:  # the HF tests skip themselves (pytest.importorskip)
+    TRANSFORMERS_MAJOR = 0
+
+
+def needs_transformers_5(why: str):
+    """Skip a test under transformers 4, saying why (``aiayn[hf]`` accepts transformers >= 4.40)."""
+    return pytest.mark.skipif(0 < TRANSFORMERS_MAJOR < 5, reason=f"transformers 4: {why}")
+
+
+def needs_hf_sdpa(*classes: str):
+    """Skip a benchmark test whose HF peers (transformers classes by name) have no SDPA attention in
+    the installed transformers: the benchmarks run HF as its docs recommend, on SDPA."""
+    try:
+        import transformers
+    except ImportError:
+        return pytest.mark.skip(reason="transformers is not installed")
+    missing = [name for name in classes
+               if not getattr(getattr(transformers, name), "_supports_sdpa", False)]
+    return pytest.mark.skipif(bool(missing), reason=f"transformers {transformers.__version__}: no "
+                              f"SDPA attention for {', '.join(missing)}")
+
+
+# transformers 4 sizes a separate-vocabulary Marian's decoder embedding by the source vocabulary
+# (transformers 5: the target's), and ties its head to it, so that its own forward fails.
+MARIAN_SEPARATE_VOCAB_4 = needs_transformers_5(
+    "a separate-vocabulary Marian's decoder embedding has the source vocabulary's rows and "
+    "its tied head fails in transformers' own forward")
 
 
 def randomise(hf_model, *, std: float = 0.2, skip: tuple[str, ...] = ("embed_positions",)) -> None:

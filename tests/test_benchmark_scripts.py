@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_helpers import needs_hf_sdpa
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
@@ -143,6 +144,7 @@ def test_before_after_without_before_is_a_usage_error(tmp_path):
     assert done.returncode == 2 and "--before is required" in done.stderr
 
 
+@needs_hf_sdpa("BertModel")
 @pytest.mark.slow  # three fresh interpreters building MiniLM-sized BERTs: ~35 s
 def test_run_all_quick_writes_the_encoder_inference_rows(tmp_path):
     pytest.importorskip("transformers")
@@ -165,6 +167,7 @@ def test_run_all_quick_writes_the_encoder_inference_rows(tmp_path):
             assert row["ours_gflops"] > 0 and row["peer_gflops"] > 0
 
 
+@needs_hf_sdpa("BertModel")
 def test_encoder_inference_memory_side_prints_its_peak(tmp_path):
     """The subprocess behind each row's RSS column (run_all without --quick)."""
     pytest.importorskip("transformers")
@@ -359,6 +362,7 @@ def _peers():
     return module
 
 
+@needs_hf_sdpa("GPT2LMHeadModel", "MarianMTModel", "BertModel")
 def test_peers_twins_hold_the_peer_weights():
     """aiayn_from_hf (the interop path) and the script's own name maps give the peer's outputs;
     the nanoGPT baseline is GPT-2; the FLOP count and sinusoid table match the models."""

@@ -13,10 +13,13 @@ import pytest
 import torch
 
 import checkpoint_builders as builders
+from hf_helpers import needs_transformers_5
 from aiayn.cli import main
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_transformers_5(
+    "the test checkpoints' tokenizers are built with transformers 5's T5Tokenizer and "
+    "LlamaTokenizer(vocab=...) constructors")]
 
 SOURCES = [en for en, _ in builders.pairs(12)]
 PROMPTS = ["ROMEO:", "What light", "the king", "First Citizen:\nBefore we proceed", "O"]

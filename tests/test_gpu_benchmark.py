@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_helpers import needs_hf_sdpa
 
 pytest.importorskip("transformers")
 
@@ -22,6 +23,7 @@ def _run(*arguments):
                           timeout=900, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
 
 
+@needs_hf_sdpa("GPT2LMHeadModel", "MarianMTModel", "BertModel")
 @pytest.mark.slow
 def test_tiny_run_on_the_cpu_writes_every_row(tmp_path):
     out = tmp_path / "gpu.json"
@@ -62,6 +64,7 @@ def test_asking_for_cuda_without_one_is_a_clear_error(tmp_path):
     assert "no CUDA device here" in completed.stderr
 
 
+@needs_hf_sdpa("GPT2LMHeadModel", "MarianMTModel", "BertModel")
 @pytest.mark.slow
 def test_profile_records_what_each_side_runs(tmp_path):
     """--profile: for both sides of a row, the wall and busy time of one call, its launches and the

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hf_helpers import needs_hf_sdpa
 
 pytest.importorskip("transformers")
 pytest.importorskip("sacrebleu")
@@ -18,6 +19,7 @@ SIDE_FIELDS = {"steps", "train_seconds", "source_tokens", "target_tokens", "toke
                "chrf_greedy", "chrf_beam4", "decoding"}
 
 
+@needs_hf_sdpa("MarianMTModel")
 @pytest.mark.slow
 def test_quick_run_reports_both_sides(tmp_path):
     with gzip.open(REPO / "data" / "ddtp_en_de.tsv.gz", "rt", encoding="utf-8") as handle:
