@@ -186,8 +186,8 @@ def plan(checkpoint: Checkpoint, architecture: str, task: str | None,
     config = config_from_hf(checkpoint.config, checkpoint, overrides)
     target_tokens = f"{prefix}decoder.embed_tokens.weight"
     embedding = checkpoint.tensors.get(target_tokens)
-    if (not config.tie_source_target and embedding is not None and config.vocab_size
-            < embedding.shape[0] == config.src_vocab_size):
+    if (not config.tie_source_target and embedding is not None
+            and embedding.shape[0] == config.src_vocab_size > config.vocab_size):
         # transformers < 5 gives a separate-vocabulary Marian decoder a copy of the source
         # embedding (Vs rows); target ids (< V) only ever index its first V rows.
         checkpoint.tensors[target_tokens] = embedding[:config.vocab_size]
