@@ -2,6 +2,7 @@
 same checkpoint and its own tokenizer (small checkpoints built offline: tests/checkpoint_builders.py)."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -116,7 +117,10 @@ def test_evaluate_a_gpt2_checkpoint_matches_its_transformers_loss(checkpoints, t
         count += block.numel() - 1
     assert result["tokens"] == count
     assert result["loss"] == pytest.approx(total / count, abs=1e-4)
-    assert "bits_per_token" in result and "bpc" not in result
+    assert result["bits_per_token"] == pytest.approx(total / count / math.log(2), abs=1e-4)
+    # Bits per character: over the characters of every token but the first (never predicted).
+    characters = len(text) - len(tokenizer.decode(ids[:1]))
+    assert result["bpc"] == pytest.approx(total / math.log(2) / characters, rel=1e-5)
 
 
 def test_classify_and_evaluate_a_bert_classifier_checkpoint(checkpoints, tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""Language modelling on a plain text file (decoder-only, character level).
+"""Language modelling on a plain text file (decoder-only; characters, a learned byte-level BPE or
+a Hugging Face tokenizer) or on nanoGPT's prepared token files.
 
 ``aiayn train lm --data TEXT --out RUN_DIR``: the defaults of this sub-command are nanoGPT's CPU
 "baby GPT" recipe (AdamW betas 0.9/0.99, weight decay 0.1 on matrices and embeddings only, 100
@@ -6,8 +7,9 @@ warm-up steps and cosine decay to 1e-4 over 2000 steps, clipping at 1.0, batch 1
 characters) with the peak learning rate of the preset: ``--preset baby-gpt`` is nanoGPT's exact
 recipe (lr 1e-3), the default ``char-gpt`` the same network at lr 3e-3, ``llama-char`` Llama's
 decoder (rotary positions, RMSNorm, SwiGLU, grouped-query attention) at char-gpt's sizes and recipe
-(docs/modern-decoder.md). ``aiayn evaluate RUN_DIR --data TEXT`` reports loss, perplexity and bits
-per character on a text.
+(docs/modern-decoder.md). ``--tokenizer bpe`` / ``--tokenizer DIR`` trains on subword tokens
+(``aiayn.tasks.lm``, docs/language-modelling.md). ``aiayn evaluate RUN_DIR --data TEXT`` reports
+loss, perplexity and bits per character on a text (and bits per token for subwords).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 # unchanged, so the two differ only in the network.
 PEAK_LR = {"baby-gpt": 1e-3, "char-gpt": 3e-3, "llama-char": 3e-3}
 DEFAULT_LR = 1e-3
+DEFAULT_BPE_SIZE = 2048  # --tokenizer bpe without --vocab-size: the best of 512-8192 on the bundled
+# Shakespeare (docs/language-modelling.md, "Subwords and corpora larger than memory")
 # What `aiayn evaluate --split` can name for plain text, and what it scores when not given.
 EVALUATION_SPLITS = ("all", "train", "valid")
 EVALUATION_SPLIT = "all"
@@ -31,7 +35,16 @@ EVALUATION_SPLIT = "all"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("language modelling data")
     group.add_argument("--data", required=True, metavar="TEXT",
-                       help="UTF-8 text file; the first 90%% trains, the last 10%% validates")
+                       help="UTF-8 text file (the first 90%% trains, the last 10%% validates), or a "
+                            "directory of nanoGPT's train.bin + val.bin (needs --tokenizer DIR)")
+    group.add_argument("--tokenizer", default=None, metavar="bpe|DIR",
+                       help="the vocabulary: characters (default); 'bpe', a byte-level BPE of "
+                            "--vocab-size entries learned on the training split; or a Hugging Face "
+                            "tokenizer directory (tokenizer.json, e.g. GPT-2's). Subword ids are "
+                            "written once to RUN_DIR/tokens and memory-mapped")
+    group.add_argument("--vocab-size", type=int, default=None, metavar="N",
+                       help="entries of the learned BPE vocabulary (with --tokenizer bpe; "
+                            "default 2048)")
     group.add_argument("--batch-size", type=int, default=12, help="blocks per batch")
     group.add_argument("--block-size", type=int, default=None,
                        help="context length (default: the preset's max_length)")
@@ -63,6 +76,8 @@ def make_task(args: argparse.Namespace):
     from aiayn.tasks.lm import LanguageModelTask
     from aiayn.tasks.pretrained import load_pretrained_model
 
+    if args.tokenizer == "bpe" and args.vocab_size is None:
+        args.vocab_size = DEFAULT_BPE_SIZE
     pretrained = None
     if args.init:
         pretrained = load_pretrained_model(args.init, "lm")
@@ -71,17 +86,21 @@ def make_task(args: argparse.Namespace):
                              valid_fraction=args.valid_fraction,
                              batches_per_epoch=args.batches_per_epoch,
                              eval_batch_size=args.eval_batch_size, seed=args.seed,
-                             device=args.device, pretrained=pretrained)
+                             device=args.device, pretrained=pretrained,
+                             tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                             run_dir=args.out)
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Loss, perplexity and bits per character of RUN_DIR's model on ``--data``: the whole file, or
     with ``--split valid`` / ``--split train`` its last ``valid_fraction`` / the rest, as the run
-    split it in training."""
+    split it in training. A directory of nanoGPT's token files: ``val.bin`` (``--split valid``, the
+    default) or ``train.bin``, scored in bits per token."""
     import torch
 
     from aiayn.data.text import VALID_FRACTION, CharVocabulary, read_text, split_text
-    from aiayn.tasks.lm import evaluate_ids
+    from aiayn.data.token_files import TokenFiles
+    from aiayn.tasks.lm import evaluate_ids, predicted_characters
     from aiayn.tasks.checkpoints import load_model_dir
 
     if args.split not in EVALUATION_SPLITS:
@@ -89,6 +108,20 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                          f"model (plain text has no {args.split!r} split), got {args.split!r}")
     run = load_model_dir(args.run_dir, task="lm")
     path = Path(args.data[0])
+    device = torch.device(args.device)
+    model = run.model.to(device)
+    context = run.model_config.max_length
+    if path.is_dir():
+        if isinstance(run.assets, CharVocabulary):
+            raise ValueError(f"{path} is a directory of token files; {args.run_dir} is a "
+                             f"character model, which reads a text file")
+        split = "valid" if args.split == "all" else args.split
+        tokens = TokenFiles.open_nanogpt(path, vocab_size=len(run.assets))
+        ids = tokens.valid if split == "valid" else tokens.train
+        if args.limit is not None:
+            ids = ids[:args.limit]
+        metrics = evaluate_ids(model, ids, block_size=context, device=device, characters=0)
+        return {"task": "lm", "data": str(path), "split": split, **metrics}
     text = read_text(path)
     if args.split != "all":  # older runs and checkpoints: aiayn train lm's default fraction
         fraction = (run.info.get("assets") or {}).get("valid_fraction", VALID_FRACTION)
@@ -97,9 +130,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if args.limit is not None:
         text = text[:args.limit]
     ids = torch.tensor(run.assets.encode(text, source=str(path)), dtype=torch.long)
-    device = torch.device(args.device)
-    model = run.model.to(device)
-    metrics = evaluate_ids(model, ids, block_size=run.model_config.max_length, device=device)
-    if not isinstance(run.assets, CharVocabulary):  # subword tokens: bits per token, not per char
-        metrics["bits_per_token"] = metrics.pop("bpc")
+    characters = None  # characters: one token each
+    if not isinstance(run.assets, CharVocabulary):  # subwords: bits per character and per token
+        characters = predicted_characters(run.assets, ids, len(text))
+    metrics = evaluate_ids(model, ids, block_size=context, device=device, characters=characters)
     return {"task": "lm", "data": str(path), "split": args.split, **metrics}

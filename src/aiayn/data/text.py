@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -127,42 +128,52 @@ def split_text(text: str, valid_fraction: float = VALID_FRACTION) -> tuple[str, 
     return text[:cut], text[cut:]
 
 
-def check_length(ids: Tensor, block_size: int, what: str) -> None:
+def check_length(ids: Tensor | np.ndarray, block_size: int, what: str) -> None:
     """A split must hold at least one block of inputs plus its shifted targets."""
-    if ids.numel() < block_size + 1:
-        raise ValueError(f"the {what} text has {ids.numel()} tokens, shorter than the context of "
+    if len(ids) < block_size + 1:
+        raise ValueError(f"the {what} text has {len(ids)} tokens, shorter than the context of "
                          f"{block_size} + 1; give a longer text or a smaller context")
 
 
-def random_blocks(ids: Tensor, *, block_size: int, batch_size: int, batches: int,
+def token_slice(ids: Tensor | np.ndarray, start: int, stop: int) -> Tensor:
+    """``ids[start:stop]`` as a long tensor: ``ids`` is a tensor or a (memory-mapped) numpy array
+    of unsigned token ids (``aiayn.data.token_files``), read only where sliced."""
+    if isinstance(ids, Tensor):
+        return ids[start:stop]
+    return torch.from_numpy(np.asarray(ids[start:stop], dtype=np.int64))
+
+
+def random_blocks(ids: Tensor | np.ndarray, *, block_size: int, batch_size: int, batches: int,
                   generator: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
-    """``batches`` batches of windows at random offsets, nanoGPT's ``get_batch``.
+    """``batches`` batches of windows at random offsets, nanoGPT's ``get_batch``; ``ids`` is a
+    tensor or a memory-mapped array (only the windows are read).
 
     Yields inputs x (B, T) and targets y (B, T) = x shifted by one token.
     """
     check_length(ids, block_size, "training")
-    last_start = ids.numel() - block_size  # exclusive: room for the shifted target
-    steps = torch.arange(block_size)  # (T,)
+    last_start = len(ids) - block_size  # exclusive: room for the shifted target
     for _ in range(batches):
         starts = torch.randint(last_start, (batch_size,), generator=generator)  # (B,)
-        index = starts.unsqueeze(1) + steps  # (B, T)
-        yield ids[index], ids[index + 1]
+        windows = torch.stack([token_slice(ids, start, start + block_size + 1)
+                               for start in starts.tolist()])  # (B, T + 1)
+        yield windows[:, :-1], windows[:, 1:]
 
 
-def contiguous_blocks(ids: Tensor, *, block_size: int, batch_size: int
+def contiguous_blocks(ids: Tensor | np.ndarray, *, block_size: int, batch_size: int
                       ) -> Iterator[tuple[Tensor, Tensor]]:
     """Every target of ``ids`` exactly once: non-overlapping blocks in order, the last one shorter.
 
     Yields x (B, T) and y (B, T); a final short block comes alone as (1, T') so nothing is padded.
+    ``ids`` is a tensor or a memory-mapped array, read one batch at a time.
     """
     check_length(ids, block_size, "evaluation")
-    targets = ids.numel() - 1
+    targets = len(ids) - 1
     full = targets // block_size
-    inputs = ids[:full * block_size].view(full, block_size)  # (blocks, T)
-    shifted = ids[1:full * block_size + 1].view(full, block_size)  # (blocks, T)
-    for start in range(0, full, batch_size):
-        yield inputs[start:start + batch_size], shifted[start:start + batch_size]
+    for first in range(0, full, batch_size):
+        count = min(batch_size, full - first)
+        span = token_slice(ids, first * block_size, (first + count) * block_size + 1)
+        yield span[:-1].view(count, block_size), span[1:].view(count, block_size)
     rest = targets - full * block_size
     if rest:
-        begin = full * block_size
-        yield ids[begin:begin + rest].unsqueeze(0), ids[begin + 1:begin + rest + 1].unsqueeze(0)
+        span = token_slice(ids, full * block_size, targets + 1)
+        yield span[:-1].unsqueeze(0), span[1:].unsqueeze(0)

@@ -100,10 +100,12 @@ def copy_tokenizer_files(source: str | Path, destination: str | Path) -> list[st
 
     source, destination = Path(source), Path(destination)
     destination.mkdir(parents=True, exist_ok=True)
+    same = source.resolve() == destination.resolve()  # e.g. a BPE learned into the run directory
     copied = []
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
-            shutil.copyfile(source / name, destination / name)
+            if not same:
+                shutil.copyfile(source / name, destination / name)
             copied.append(name)
     return copied
 

@@ -98,3 +98,16 @@ def process_group_from_env(*, device: str | None, timeout_s: float = 1800.0
         dist.destroy_process_group()
         gc.collect()  # reference cycles of the wrapped model
         del group  # the last reference: the group's destructor runs now (torch releases the GIL)
+
+
+def is_rank_zero() -> bool:
+    """Whether this process is rank 0 of the process group (or there is no group)."""
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def wait_for_rank_zero() -> None:
+    """In a process group, a barrier: the ranks that call this after rank 0 has written files
+    (``if is_rank_zero(): write()``) read them complete. No group: nothing. The wait is bounded by
+    the group's timeout."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
