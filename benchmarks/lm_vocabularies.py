@@ -8,9 +8,11 @@ cut the text differently are scored on the same text. A subword block of 64 toke
 text than 64 characters, and the larger output layer costs time: the training seconds are recorded.
 
     python3 benchmarks/lm_vocabularies.py [--vocab-sizes 512 2048 8192] [--seeds 0] [--parallel 2]
+        [--steps N] [--out FILE]
 
 Runs go through the real command line, ``--parallel`` at a time on one thread each; the result
-lands in benchmarks/results/lm_vocabularies.json.
+lands in benchmarks/results/lm_vocabularies.json (``--out``). ``--steps N`` shortens every run
+(validation at its end only), for a quick check.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ DATA = "data/shakespeare_tiny.txt.gz"
 RESULT = ROOT / "benchmarks" / "results" / "lm_vocabularies.json"
 
 
-def command(vocabulary: str, seed: int, out: str) -> list[str]:
+def command(vocabulary: str, seed: int, out: str, steps: int | None = None) -> list[str]:
     argv = ["aiayn", "train", "lm", "--data", DATA, "--out", out, "--seed", str(seed),
             "--threads", "1", "--no-progress"]
+    if steps is not None:
+        argv += ["--steps", str(steps), "--eval-every", str(steps), "--save-every", "0"]
     if vocabulary != "char":
         argv += ["--tokenizer", "bpe", "--vocab-size", vocabulary]
     return argv
@@ -63,6 +67,8 @@ def main() -> None:
     parser.add_argument("--vocab-sizes", nargs="+", default=["512", "2048", "8192"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=None, help="default: aiayn train lm's 2000")
+    parser.add_argument("--out", type=Path, default=RESULT)
     args = parser.parse_args()
     jobs = [(vocabulary, seed) for seed in args.seeds for vocabulary in ["char", *args.vocab_sizes]]
     results = []
@@ -73,7 +79,8 @@ def main() -> None:
             while pending and len(running) < args.parallel:
                 vocabulary, seed = pending.pop(0)
                 out = str(Path(scratch) / f"{vocabulary}-{seed}")
-                process = subprocess.Popen(command(vocabulary, seed, out), cwd=ROOT,
+                argv = command(vocabulary, seed, out, args.steps)  # "aiayn ...": this Python's
+                process = subprocess.Popen([sys.executable, "-m", *argv], cwd=ROOT,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                 running.append((vocabulary, seed, out, process))
             time.sleep(2)
@@ -81,11 +88,12 @@ def main() -> None:
                 vocabulary, seed, out, process = job
                 running.remove(job)
                 if process.returncode:
-                    sys.exit(f"{' '.join(command(vocabulary, seed, 'RUN'))} failed:\n"
+                    sys.exit(f"{' '.join(command(vocabulary, seed, 'RUN', args.steps))} failed:\n"
                              f"{process.stderr.read().decode()[-2000:]}")
                 row = {"vocabulary": "characters" if vocabulary == "char"
                        else f"byte-level BPE {vocabulary}", "seed": seed,
-                       "command": " ".join(command(vocabulary, seed, "RUN")), **summary(Path(out))}
+                       "command": " ".join(command(vocabulary, seed, "RUN", args.steps)),
+                       **summary(Path(out))}
                 results.append(row)
                 print(json.dumps(row), flush=True)
     order = {job: index for index, job in enumerate(jobs)}
@@ -93,15 +101,16 @@ def main() -> None:
                                       else r["vocabulary"].split()[-1], r["seed"])])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
-    RESULT.write_text(json.dumps({
-        "what": "aiayn train lm defaults (preset char-gpt, 2000 steps, batch 12 x 64 tokens) on "
+    args.out.write_text(json.dumps({
+        "what": f"aiayn train lm defaults (preset char-gpt, {args.steps or 2000} steps, batch 12 x "
+                f"64 tokens) on "
                 f"{DATA}, characters vs byte-level BPE: validation bits per character over the "
                 "whole last 10 % of the characters",
         "command": "python3 benchmarks/lm_vocabularies.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.processor() or platform.machine()}, {args.parallel} runs at a time, "
                    "torch CPU threads 1 each",
         "torch": torch.__version__, "aiayn_commit": commit, "runs": results}, indent=1) + "\n")
-    print(f"wrote {RESULT.relative_to(ROOT)}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

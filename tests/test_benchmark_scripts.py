@@ -236,6 +236,22 @@ def test_lm_vs_nanogpt_quality_scores_each_seed_on_the_whole_split(tmp_path):
         sum(row["val_loss"] for row in result["seeds"]) / 2)
 
 
+def test_lm_vocabularies_scores_characters_and_bpe_on_the_same_characters(tmp_path):
+    out = tmp_path / "vocabularies.json"
+    _run(tmp_path, "lm_vocabularies.py", "--vocab-sizes", "300", "--steps", "3", "--out", str(out))
+    result = _read_json(out)
+    assert result["torch"] and "--steps 3" in result["command"]
+    characters, bpe = result["runs"]
+    assert characters["vocabulary"] == "characters" and characters["vocabulary_size"] == 78
+    assert bpe["vocabulary"] == "byte-level BPE 300" and bpe["vocabulary_size"] == 320
+    assert "--tokenizer bpe --vocab-size 300" in bpe["command"]
+    assert 1.2 < bpe["characters_per_token"] < 3
+    for row in (characters, bpe):
+        assert row["train_seconds"] > 0 and [v["step"] for v in row["valid"]] == [3]
+        assert 0 < row["valid"][0]["bpc"] < 10
+    assert bpe["valid"][0]["bits_per_token"] > bpe["valid"][0]["bpc"]  # > 1 character a token
+
+
 # --- quality against classic baselines ----------------------------------------------------------
 def test_classification_tfidf_baseline_against_a_run(tmp_path):
     pytest.importorskip("sklearn")

@@ -25,7 +25,7 @@ from typing import Any
 # unchanged, so the two differ only in the network.
 PEAK_LR = {"baby-gpt": 1e-3, "char-gpt": 3e-3, "llama-char": 3e-3}
 DEFAULT_LR = 1e-3
-DEFAULT_BPE_SIZE = 2048  # --tokenizer bpe without --vocab-size: the best of 512-8192 on the bundled
+DEFAULT_BPE_SIZE = 4096  # --tokenizer bpe without --vocab-size: the best of 512-8192 on the bundled
 # Shakespeare (docs/language-modelling.md, "Subwords and corpora larger than memory")
 # What `aiayn evaluate --split` can name for plain text, and what it scores when not given.
 EVALUATION_SPLITS = ("all", "train", "valid")
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "written once to RUN_DIR/tokens and memory-mapped")
     group.add_argument("--vocab-size", type=int, default=None, metavar="N",
                        help="entries of the learned BPE vocabulary (with --tokenizer bpe; "
-                            "default 2048)")
+                            "default 4096)")
     group.add_argument("--batch-size", type=int, default=12, help="blocks per batch")
     group.add_argument("--block-size", type=int, default=None,
                        help="context length (default: the preset's max_length)")
