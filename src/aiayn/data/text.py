@@ -21,6 +21,21 @@ from torch import Tensor
 from aiayn.data.text_files import data_error, read_lines
 
 
+EMPTY_TEXT = ("the file is empty or holds only whitespace; a language model needs text to learn "
+              "from")
+
+
+def text_lines(path: str | Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file with their ends, as ``read_text`` reads them (Windows line
+    ends as LF), one at a time (``aiayn.data.token_files`` streams a corpus through them).
+
+    Raises:
+        as ``read_text``, except for an empty file.
+    """
+    for _, line in read_lines(path, what="text file", keep_ends=True):
+        yield line[:-2] + "\n" if line.endswith("\r\n") else line
+
+
 def read_text(path: str | Path) -> str:
     """The whole UTF-8 text of ``path`` (gzip-compressed if its name ends in ``.gz``), every
     character kept (line ends included) except a leading byte-order mark; Windows line ends
@@ -32,11 +47,9 @@ def read_text(path: str | Path) -> str:
         ValueError: the file is empty (or only whitespace), not UTF-8 (``path:line: ...``), or a
             ``.gz`` file that is not gzip.
     """
-    text = "".join(line[:-2] + "\n" if line.endswith("\r\n") else line
-                   for _, line in read_lines(path, what="text file", keep_ends=True))
+    text = "".join(text_lines(path))
     if not text.strip():
-        raise data_error(path, "the file is empty or holds only whitespace; a language model "
-                               "needs text to learn from")
+        raise data_error(path, EMPTY_TEXT)
     return text
 
 

@@ -31,7 +31,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from aiayn.data.text_files import data_error, read_lines
+from aiayn.data.text import EMPTY_TEXT, text_lines
+from aiayn.data.text_files import data_error
 
 TRAIN_FILE, VALID_FILE, INFO_FILE = "train.bin", "val.bin", "tokens.json"
 FORMAT = 1
@@ -46,15 +47,8 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
-def text_lines(path: str | Path) -> Iterator[str]:
-    """The lines of a UTF-8 text file with their ends, Windows line ends read as LF (as
-    ``aiayn.data.text.read_text`` reads the text)."""
-    for _, line in read_lines(path, what="text file", keep_ends=True):
-        yield line[:-2] + "\n" if line.endswith("\r\n") else line
-
-
 def count_characters(path: str | Path) -> int:
-    """Characters of the text of ``path`` (read as ``text_lines`` reads it).
+    """Characters of the text of ``path`` (read as ``aiayn.data.text.text_lines`` reads it).
 
     Raises:
         ValueError: the file is empty or holds only whitespace (and as ``read_lines``).
@@ -64,8 +58,7 @@ def count_characters(path: str | Path) -> int:
         count += len(line)
         blank = blank and not line.strip()
     if blank:
-        raise data_error(path, "the file is empty or holds only whitespace; a language model "
-                               "needs text to learn from")
+        raise data_error(path, EMPTY_TEXT)
     return count
 
 

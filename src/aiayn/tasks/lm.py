@@ -230,7 +230,8 @@ class LanguageModelTask:
         import tempfile
 
         from aiayn.data.byte_bpe import learn_byte_bpe, save_byte_bpe
-        from aiayn.data.token_files import count_characters, text_lines
+        from aiayn.data.text import text_lines
+        from aiayn.data.token_files import count_characters
         from aiayn.interop.hf_tokenizer import load_tokenizer
         from aiayn.tasks.checkpoints import TOKENIZER_DIR
 
