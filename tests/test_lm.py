@@ -180,6 +180,44 @@ def test_train_lm_peak_learning_rate_follows_the_preset(text_file, tmp_path, opt
     assert (args.preset, args.lr) == (preset, lr)
 
 
+@pytest.mark.parametrize("options, expected", [
+    ([], dict(lr=3e-3, betas=(0.9, 0.99), warmup=100, min_lr=1e-4, steps=2000, eval_every=500)),
+    (["--preset", "gpt2"],  # nanoGPT's config/train_gpt2.py
+     dict(lr=6e-4, betas=(0.9, 0.95), warmup=2000, min_lr=6e-5, steps=600_000, eval_every=1000)),
+    (["--preset", "gpt2", "--steps", "10", "--betas", "0.9", "0.99", "--min-lr", "0"],
+     dict(lr=6e-4, betas=(0.9, 0.99), warmup=2000, min_lr=0.0, steps=10, eval_every=1000)),
+])
+def test_train_lm_recipe_follows_the_preset_where_options_are_not_given(text_file, tmp_path,
+                                                                        options, expected):
+    from aiayn.cli import build_parser
+    from aiayn.commands import train_lm
+
+    args = build_parser().parse_args(["train", "lm", "--data", str(text_file),
+                                      "--out", str(tmp_path / "run"), *options])
+    train_lm.make_task(args)
+    got = {key: tuple(value) if key == "betas" else value
+           for key, value in vars(args).items() if key in expected}
+    assert got == expected
+
+
+def test_gpt2_preset_is_nanogpts_gpt2_small(monkeypatch):
+    """The same parameters as nanoGPT's model.py at its train_gpt2.py settings (124.37M)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "nanogpt", Path(__file__).resolve().parents[1] / "benchmarks" / "nanogpt.py")
+    nanogpt = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "nanogpt", nanogpt)  # its dataclass looks itself up there
+    spec.loader.exec_module(nanogpt)
+    with torch.device("meta"):
+        ours = CausalLM(TransformerConfig.preset("gpt2"))
+        theirs = nanogpt.GPT(nanogpt.NanoConfig())
+    shapes = sorted(tuple(p.shape) for p in ours.parameters())
+    assert shapes == sorted(tuple(p.shape) for p in theirs.parameters())
+    assert count_parameters(ours) == 124_373_760
+
+
 def test_char_gpt_is_the_baby_gpt_network():
     assert TransformerConfig.preset("char-gpt") == TransformerConfig.preset("baby-gpt")
 

@@ -322,6 +322,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                      norm_first=True, bias=False, layer_norm_bias=False, positions="learned",
                      scale_embeddings=False, tie_output=True, init_std=0.02,
                      scaled_residual_init=True),
+    # GPT-2 small (124M parameters) as nanoGPT trains it (config/train_gpt2.py, model.py with
+    # bias=False): the baby GPT's block at 12 layers, 12 heads, width 768, context 1024, and
+    # GPT-2's vocabulary padded to 50,304. `aiayn train lm --preset gpt2` takes its recipe
+    # (PRESET_RECIPES in commands/train_lm.py); vocab_size then follows the tokenizer.
+    "gpt2": dict(vocab_size=50304, d_model=768, n_heads=12, d_ff=3072, n_encoder_layers=0,
+                 n_decoder_layers=12, max_length=1024, dropout=0.0, activation="gelu",
+                 norm_first=True, bias=False, layer_norm_bias=False, positions="learned",
+                 scale_embeddings=False, tie_output=True, init_std=0.02, scaled_residual_init=True),
     # The Vision Transformer (Dosovitskiy et al. 2021): ViT-Base/16 is Table 1's first row (86M
     # parameters); vit-digits is ours, the default of `aiayn train image-classification`: 8x8 grey
     # digits in 2x2 patches (16 + 1 tokens), sized for a CPU minute or two (docs/vision.md).

@@ -25,6 +25,13 @@ from typing import Any
 # unchanged, so the two differ only in the network.
 PEAK_LR = {"baby-gpt": 1e-3, "char-gpt": 3e-3, "llama-char": 3e-3}
 DEFAULT_LR = 1e-3
+# The rest of the recipe, for the options not given: nanoGPT's CPU baby-GPT recipe, and for the
+# gpt2 preset nanoGPT's config/train_gpt2.py (GPT-2 124M on OpenWebText: lr 6e-4, betas 0.9/0.95,
+# 2000 warm-up steps, cosine to 6e-5 at 600,000, evaluation every 1,000).
+RECIPE = dict(betas=(0.9, 0.99), warmup=100, min_lr=1e-4, steps=2000, eval_every=500,
+              save_every=500)
+PRESET_RECIPES = {"gpt2": dict(lr=6e-4, betas=(0.9, 0.95), warmup=2000, min_lr=6e-5,
+                               steps=600_000, eval_every=1000, save_every=1000)}
 DEFAULT_BPE_SIZE = 4096  # --tokenizer bpe without --vocab-size: the best of 512-8192 on the bundled
 # Shakespeare (docs/language-modelling.md, "Subwords and corpora larger than memory")
 # What `aiayn evaluate --split` can name for plain text, and what it scores when not given.
@@ -57,21 +64,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="fine-tune a pretrained model: an aiayn lm run or a Hugging Face GPT-2 "
                             "checkpoint directory (its tokenizer is kept; --preset is ignored, "
                             "--set applies; the context is the checkpoint's unless --block-size)")
-    # nanoGPT's shakespeare_char recipe with the CPU overrides of its README ("baby GPT").
-    parser.set_defaults(preset="char-gpt", optimizer="adamw", betas=(0.9, 0.99), adam_eps=1e-8,
-                        weight_decay=0.1, decay_matrices_only=True, schedule="warmup_cosine",
-                        warmup=100, lr=None, min_lr=1e-4, steps=2000, clip_norm=1.0,
-                        eval_every=500, save_every=500, log_every=10)
+    # nanoGPT's shakespeare_char recipe with the CPU overrides of its README ("baby GPT"); the
+    # options left None here come from the preset's recipe (make_task).
+    parser.set_defaults(preset="char-gpt", optimizer="adamw", adam_eps=1e-8, weight_decay=0.1,
+                        decay_matrices_only=True, schedule="warmup_cosine", clip_norm=1.0,
+                        log_every=10, **dict.fromkeys(["lr", *RECIPE], None))
     for action in parser._actions:
         if action.dest == "lr":
             action.help = ("peak learning rate; unset: the preset's ("
                            + ", ".join(f"{name} {lr:g}" for name, lr in PEAK_LR.items())
-                           + f", others {DEFAULT_LR:g})")
+                           + f", gpt2 {PRESET_RECIPES['gpt2']['lr']:g}, others {DEFAULT_LR:g})")
+        elif action.dest in RECIPE:
+            value = RECIPE[action.dest]
+            shown = " ".join(map(str, value)) if isinstance(value, tuple) else value
+            action.help = (f"{action.help + '; ' if action.help else ''}unset: the preset's "
+                           f"recipe ({shown}; gpt2: nanoGPT's train_gpt2.py, "
+                           f"docs/language-modelling.md)")
+
+
+def recipe(preset: str) -> dict[str, Any]:
+    """The training options a preset's recipe gives where the command line gives none."""
+    return {"lr": PEAK_LR.get(preset, DEFAULT_LR), **RECIPE, **PRESET_RECIPES.get(preset, {})}
 
 
 def make_task(args: argparse.Namespace):
-    if args.lr is None:
-        args.lr = PEAK_LR.get(args.preset, DEFAULT_LR)
+    for option, value in recipe(args.preset).items():
+        if getattr(args, option) is None:
+            setattr(args, option, value)
     from aiayn.commands.train import parse_overrides
     from aiayn.tasks.lm import LanguageModelTask
     from aiayn.tasks.pretrained import load_pretrained_model
