@@ -258,11 +258,20 @@ SETTING_OPTIONS = {
     "best_mode": ("--best-mode",)}
 
 
+def preset_defaults(args: argparse.Namespace) -> None:
+    """Fill the options a task leaves to its preset's recipe (the task module's
+    ``preset_defaults(args)``, if it has one: ``aiayn train lm``'s); options given stay."""
+    fill = getattr(task_module(args.task), "preset_defaults", None)
+    if fill is not None:
+        fill(args)
+
+
 def training_config_from_args(args: argparse.Namespace, d_model: int):
     from aiayn.training import Schedule, TrainingConfig
     from aiayn.training.devices import default_device
     from aiayn.training.precision import resolve_autocast
 
+    preset_defaults(args)
     device = default_device(args.device)
     schedule = Schedule(kind=args.schedule, d_model=d_model, warmup=args.warmup,
                         factor=args.lr_factor, peak=args.lr, total=args.steps, floor=args.min_lr)
@@ -306,6 +315,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     module = task_module(args.task)
+    preset_defaults(args)
     task = module.make_task(args)
     model_config = task.model_config(
         TransformerConfig.preset(args.preset, **parse_overrides(args.set)))

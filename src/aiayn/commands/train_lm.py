@@ -87,10 +87,16 @@ def recipe(preset: str) -> dict[str, Any]:
     return {"lr": PEAK_LR.get(preset, DEFAULT_LR), **RECIPE, **PRESET_RECIPES.get(preset, {})}
 
 
-def make_task(args: argparse.Namespace):
+def preset_defaults(args: argparse.Namespace) -> None:
+    """Set the recipe options left unset (None) to the preset's (``aiayn.commands.train`` calls
+    this before the task and the training config are made)."""
     for option, value in recipe(args.preset).items():
         if getattr(args, option) is None:
             setattr(args, option, value)
+
+
+def make_task(args: argparse.Namespace):
+    preset_defaults(args)
     from aiayn.commands.train import parse_overrides
     from aiayn.tasks.lm import LanguageModelTask
     from aiayn.tasks.pretrained import load_pretrained_model
