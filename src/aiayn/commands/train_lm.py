@@ -7,7 +7,8 @@ warm-up steps and cosine decay to 1e-4 over 2000 steps, clipping at 1.0, batch 1
 characters) with the peak learning rate of the preset: ``--preset baby-gpt`` is nanoGPT's exact
 recipe (lr 1e-3), the default ``char-gpt`` the same network at lr 3e-3, ``llama-char`` Llama's
 decoder (rotary positions, RMSNorm, SwiGLU, grouped-query attention) at char-gpt's sizes and recipe
-(docs/modern-decoder.md). ``--tokenizer bpe`` / ``--tokenizer DIR`` trains on subword tokens
+(docs/modern-decoder.md). ``--preset gpt2`` is GPT-2 small with nanoGPT's ``train_gpt2.py`` recipe
+(``PRESET_RECIPES``). ``--tokenizer bpe`` / ``--tokenizer DIR`` trains on subword tokens
 (``aiayn.tasks.lm``, docs/language-modelling.md). ``aiayn evaluate RUN_DIR --data TEXT`` reports
 loss, perplexity and bits per character on a text (and bits per token for subwords).
 """
@@ -62,10 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--eval-batch-size", type=int, default=64, help="blocks per eval batch")
     group.add_argument("--init", default=None, metavar="DIR",
                        help="fine-tune a pretrained model: an aiayn lm run or a Hugging Face GPT-2 "
-                            "checkpoint directory (its tokenizer is kept; --preset is ignored, "
-                            "--set applies; the context is the checkpoint's unless --block-size)")
+                            "or Llama checkpoint directory (its tokenizer is kept; --preset is "
+                            "ignored, --set applies; the context is the checkpoint's unless "
+                            "--block-size)")
     # nanoGPT's shakespeare_char recipe with the CPU overrides of its README ("baby GPT"); the
-    # options left None here come from the preset's recipe (make_task).
+    # options left None here come from the preset's recipe (preset_defaults).
     parser.set_defaults(preset="char-gpt", optimizer="adamw", adam_eps=1e-8, weight_decay=0.1,
                         decay_matrices_only=True, schedule="warmup_cosine", clip_norm=1.0,
                         log_every=10, **dict.fromkeys(["lr", *RECIPE], None))
