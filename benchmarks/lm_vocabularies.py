@@ -71,34 +71,30 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULT)
     args = parser.parse_args()
     jobs = [(vocabulary, seed) for seed in args.seeds for vocabulary in ["char", *args.vocab_sizes]]
-    results = []
+    results = {}  # by job
     with tempfile.TemporaryDirectory(prefix="aiayn-lm-vocab-") as scratch:
-        running: list[tuple[str, int, str, subprocess.Popen]] = []
+        running: list[tuple[tuple[str, int], str, subprocess.Popen]] = []
         pending = list(jobs)
         while pending or running:
             while pending and len(running) < args.parallel:
-                vocabulary, seed = pending.pop(0)
-                out = str(Path(scratch) / f"{vocabulary}-{seed}")
-                argv = command(vocabulary, seed, out, args.steps)  # "aiayn ...": this Python's
+                job = pending.pop(0)
+                out = str(Path(scratch) / f"{job[0]}-{job[1]}")
+                argv = command(*job, out, args.steps)  # "aiayn ...": this Python's
                 process = subprocess.Popen([sys.executable, "-m", *argv], cwd=ROOT,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-                running.append((vocabulary, seed, out, process))
+                running.append((job, out, process))
             time.sleep(2)
-            for job in [job for job in running if job[3].poll() is not None]:
-                vocabulary, seed, out, process = job
-                running.remove(job)
+            for entry in [entry for entry in running if entry[2].poll() is not None]:
+                running.remove(entry)
+                (vocabulary, seed), out, process = entry
+                shown = " ".join(command(vocabulary, seed, "RUN", args.steps))
                 if process.returncode:
-                    sys.exit(f"{' '.join(command(vocabulary, seed, 'RUN', args.steps))} failed:\n"
-                             f"{process.stderr.read().decode()[-2000:]}")
-                row = {"vocabulary": "characters" if vocabulary == "char"
-                       else f"byte-level BPE {vocabulary}", "seed": seed,
-                       "command": " ".join(command(vocabulary, seed, "RUN", args.steps)),
-                       **summary(Path(out))}
-                results.append(row)
-                print(json.dumps(row), flush=True)
-    order = {job: index for index, job in enumerate(jobs)}
-    results.sort(key=lambda r: order[("char" if r["vocabulary"] == "characters"
-                                      else r["vocabulary"].split()[-1], r["seed"])])
+                    sys.exit(f"{shown} failed:\n{process.stderr.read().decode()[-2000:]}")
+                results[vocabulary, seed] = {
+                    "vocabulary": "characters" if vocabulary == "char"
+                    else f"byte-level BPE {vocabulary}", "seed": seed, "command": shown,
+                    **summary(Path(out))}
+                print(json.dumps(results[vocabulary, seed]), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     args.out.write_text(json.dumps({
@@ -109,7 +105,8 @@ def main() -> None:
         "command": "python3 benchmarks/lm_vocabularies.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.processor() or platform.machine()}, {args.parallel} runs at a time, "
                    "torch CPU threads 1 each",
-        "torch": torch.__version__, "aiayn_commit": commit, "runs": results}, indent=1) + "\n")
+        "torch": torch.__version__, "aiayn_commit": commit,
+        "runs": [results[job] for job in jobs]}, indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

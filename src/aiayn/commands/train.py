@@ -260,7 +260,8 @@ SETTING_OPTIONS = {
 
 def preset_defaults(args: argparse.Namespace) -> None:
     """Fill the options a task leaves to its preset's recipe (the task module's
-    ``preset_defaults(args)``, if it has one: ``aiayn train lm``'s); options given stay."""
+    ``preset_defaults(args)``, if it has one: ``aiayn train lm``'s, whose ``make_task`` calls it
+    too); options given stay."""
     fill = getattr(task_module(args.task), "preset_defaults", None)
     if fill is not None:
         fill(args)
@@ -315,7 +316,6 @@ def _train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     module = task_module(args.task)
-    preset_defaults(args)
     task = module.make_task(args)
     model_config = task.model_config(
         TransformerConfig.preset(args.preset, **parse_overrides(args.set)))

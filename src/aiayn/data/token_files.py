@@ -79,8 +79,9 @@ def _chunks(lines: Iterator[str]) -> Iterator[str]:
         yield "".join(buffer)
 
 
-def _split_lines(path: str | Path, cut: int) -> tuple[Iterator[str], Callable[[], Iterator[str]]]:
-    """The lines of the first ``cut`` characters, and (once those are consumed) of the rest."""
+def split_lines(path: str | Path, cut: int) -> tuple[Iterator[str], Callable[[], Iterator[str]]]:
+    """The lines of the text's first ``cut`` characters (the last one cut short where ``cut`` falls
+    inside it), and a function giving the lines of the rest once those are consumed."""
     lines = text_lines(path)
     rest: list[str] = []
 
@@ -184,17 +185,20 @@ class TokenFiles:
         dtype = token_dtype(vocab_size)
         info = {"format": FORMAT, **data_fingerprint(path), "valid_fraction": valid_fraction,
                 "tokenizer": tokenizer_id, "vocab_size": vocab_size, "dtype": dtype.name}
-        head, tail = _split_lines(path, cut)
+        head, tail = split_lines(path, cut)
+        splits = ((TRAIN_FILE, lambda: head), (VALID_FILE, tail))  # tail: only once head is read
         counts = {}
+
+        def encode(name: str, lines: Callable[[], Iterator[str]], out: BinaryIO) -> None:
+            counts[name] = _encode_into(_chunks(lines()), encode_batch, out, dtype, vocab_size,
+                                        str(path))
+
         if directory is None:
             import io
 
-            buffers = {}
-            for name, lines in ((TRAIN_FILE, head), (VALID_FILE, None)):
-                buffers[name] = io.BytesIO()
-                counts[name] = _encode_into(_chunks(lines if lines is not None else tail()),
-                                            encode_batch, buffers[name], dtype, vocab_size,
-                                            str(path))
+            buffers = {name: io.BytesIO() for name, _ in splits}
+            for name, lines in splits:
+                encode(name, lines, buffers[name])
             arrays = {name: np.frombuffer(buffer.getbuffer(), dtype=dtype.newbyteorder("<"))
                       for name, buffer in buffers.items()}
             info.update(cls._counts(counts))
@@ -203,12 +207,11 @@ class TokenFiles:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / INFO_FILE).unlink(missing_ok=True)  # the files below are about to change
-        for name, lines in ((TRAIN_FILE, head), (VALID_FILE, None)):
+        for name, lines in splits:
             temporary = directory / f".{name}.{os.getpid()}.tmp"
             try:
                 with open(temporary, "wb") as out:
-                    counts[name] = _encode_into(_chunks(lines if lines is not None else tail()),
-                                                encode_batch, out, dtype, vocab_size, str(path))
+                    encode(name, lines, out)
                     out.flush()
                     os.fsync(out.fileno())
                 os.replace(temporary, directory / name)

@@ -25,6 +25,7 @@ Legend: B batch, T block length (context), V vocabulary.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -230,8 +231,7 @@ class LanguageModelTask:
         import tempfile
 
         from aiayn.data.byte_bpe import learn_byte_bpe, save_byte_bpe
-        from aiayn.data.text import text_lines
-        from aiayn.data.token_files import count_characters
+        from aiayn.data.token_files import count_characters, split_lines
         from aiayn.interop.hf_tokenizer import load_tokenizer
         from aiayn.tasks.checkpoints import TOKENIZER_DIR
 
@@ -240,18 +240,10 @@ class LanguageModelTask:
         resumed = (directory / "tokenizer.json").is_file()
         if is_rank_zero() and not resumed:
             cut = int(count_characters(self.path) * (1.0 - self.valid_fraction))
+            lines = split_lines(self.path, cut)[0]  # the training split's
 
-            def training_text() -> Iterator[list[str]]:  # the training split, 1,000 lines at a time
-                batch, seen = [], 0
-                for line in text_lines(self.path):
-                    if seen >= cut:
-                        break
-                    batch.append(line[:cut - seen])
-                    seen += len(line)
-                    if len(batch) == 1000:
-                        yield batch
-                        batch = []
-                if batch:
+            def training_text() -> Iterator[list[str]]:  # 1,000 lines at a time
+                while batch := list(itertools.islice(lines, 1000)):
                     yield batch
 
             save_byte_bpe(learn_byte_bpe(training_text(), vocab_size=vocab_size), directory)
@@ -270,16 +262,13 @@ class LanguageModelTask:
         from aiayn.data.token_files import tokenizer_fingerprint
 
         self.vocabulary = self._subword_vocabulary(tokenizer, vocab_size)
-        backend = self.vocabulary.tokenizer._tokenizer  # a tokenizers.Tokenizer
-
-        # encode_batch_fast (tokenizers >= 0.21) leaves out the offsets: less memory, same ids.
-        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        backend = self.vocabulary.tokenizer  # aiayn.interop.hf_tokenizer.PretrainedTokenizer
 
         def encode_batch(texts: list[str]) -> list[list[int]]:
-            return [e.ids for e in encode(texts, add_special_tokens=False)]
+            return backend.encode_batch(texts, add_special_tokens=False)
 
         made_of = {"valid_fraction": self.valid_fraction,
-                   "tokenizer": tokenizer_fingerprint(backend.to_str())}
+                   "tokenizer": tokenizer_fingerprint(backend._tokenizer.to_str())}
 
         def write(directory: Path | None) -> TokenFiles:
             return TokenFiles.write(self.path, encode_batch=encode_batch,
