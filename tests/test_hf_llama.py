@@ -1,8 +1,9 @@
 """aiayn's modern decoder equals Hugging Face ``LlamaForCausalLM`` built from configs (random weights,
 no download): logits within 1e-4 in float32 with right and left padding, grouped-query (8 query / 2
 key-value heads), multi-query and multi-head attention, tied and untied embeddings, a head width of
-its own; save_pretrained / from_pretrained round trips that transformers loads; 50 greedy tokens
-identical to HF ``generate``, also for a batch of left-padded prompts."""
+its own, scaled RoPE (linear, Llama 3.1's, YaRN) past the original context; save_pretrained /
+from_pretrained round trips that transformers loads; 50 greedy tokens identical to HF ``generate``,
+also for a batch of left-padded prompts."""
 
 from __future__ import annotations
 
@@ -26,6 +27,24 @@ CASES = {
     "mqa-theta500": dict(num_attention_heads=4, num_key_value_heads=1, rope_theta=500.0),
     "mha-head-dim-12": dict(num_attention_heads=4, num_key_value_heads=4, head_dim=12),
 }
+# Scaled RoPE, the original context shorter than the test's sequences so that scaling matters
+SCALED = {
+    "rope-linear": {"rope_type": "linear", "factor": 4.0},
+    "rope-llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+    "rope-yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                  "beta_fast": 16.0, "mscale": 0.9, "mscale_all_dim": 1.0},
+}
+try:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+except ImportError:  # transformers < 4.42
+    ROPE_INIT_FUNCTIONS = {}
+for _name, _scaling in SCALED.items():  # transformers 5's rope_parameters, 4's rope_scaling
+    CASES[_name] = dict(num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False,
+                        **({"rope_parameters": {**_scaling, "rope_theta": 10000.0}}
+                           if "rope_parameters" in inspect.signature(
+                               transformers.LlamaConfig.__init__).parameters
+                           else {"rope_scaling": _scaling}))
 # A head width other than d_model / heads: LlamaConfig's head_dim, which older transformers ignore.
 HEAD_DIM = pytest.mark.skipif(
     "head_dim" not in inspect.signature(transformers.LlamaConfig.__init__).parameters,
@@ -33,7 +52,14 @@ HEAD_DIM = pytest.mark.skipif(
 
 
 def cases(*names: str) -> list:
-    return [pytest.param(name, marks=HEAD_DIM if "head-dim" in name else ()) for name in names]
+    def marks(name: str):
+        if "head-dim" in name:
+            return HEAD_DIM
+        if name in SCALED and SCALED[name]["rope_type"] not in ROPE_INIT_FUNCTIONS:
+            return pytest.mark.skip(reason=f"transformers {transformers.__version__} has no "
+                                           f"{SCALED[name]['rope_type']} RoPE for Llama")
+        return ()
+    return [pytest.param(name, marks=marks(name)) for name in names]
 
 
 def hf_llama(case: str, std: float = 0.15):
@@ -79,7 +105,24 @@ def test_logits_match_hf_with_right_and_left_padding(case, fused):
     assert (got_left - want_left)[left_mask].abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("case", cases("gqa-8q-2kv-untied", "gqa-tied", "mha-head-dim-12"))
+@pytest.mark.parametrize("case", cases(*SCALED))
+def test_scaled_rope_matches_hf_past_the_original_context(case):
+    hf = hf_llama(case)
+    ours = from_transformers(hf)
+    assert ours.config.rope_scaling["rope_type"] == SCALED[case]["rope_type"]
+    torch.testing.assert_close(ours.decoder.rotary.inverse_frequency, hf.model.rotary_emb.inv_freq,
+                               rtol=0, atol=0)
+    ids = torch.randint(3, VOCAB, (2, 100))  # positions up to 99, the original context is 16
+    with torch.no_grad():
+        want = hf(ids).logits
+        got = ours(ids)
+        plain = from_transformers(hf, rope_scaling=None)(ids)
+    assert (plain - want).abs().max() > 1e-2  # without the scaling the logits differ
+    assert (got - want).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("case", cases("gqa-8q-2kv-untied", "gqa-tied", "mha-head-dim-12",
+                                       "rope-llama3", "rope-yarn"))
 def test_save_pretrained_round_trips_through_transformers(tmp_path, case):
     hf = hf_llama(case)
     hf.save_pretrained(tmp_path / "hf")
@@ -89,6 +132,7 @@ def test_save_pretrained_round_trips_through_transformers(tmp_path, case):
     assert type(again).__name__ == "LlamaForCausalLM"
     assert again.config.num_key_value_heads == hf.config.num_key_value_heads
     assert again.config.tie_word_embeddings == hf.config.tie_word_embeddings
+    assert aiayn.from_pretrained(tmp_path / "ours").config == ours.config
     ids = torch.randint(3, VOCAB, (2, 9))
     with torch.no_grad():
         want = hf(ids).logits
@@ -108,7 +152,7 @@ def hf_greedy(hf, ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
     return out[:, ids.shape[1]:].tolist()
 
 
-@pytest.mark.parametrize("case", ["gqa-8q-2kv-untied", "gqa-tied"])
+@pytest.mark.parametrize("case", cases("gqa-8q-2kv-untied", "gqa-tied", "rope-llama3"))
 def test_fifty_greedy_tokens_equal_hf_generate(case):
     hf = hf_llama(case, std=0.3)
     ours = from_transformers(hf)
@@ -130,7 +174,11 @@ def test_fifty_greedy_tokens_of_left_padded_prompts_equal_hf_generate():
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_type='linear' is not supported"),
+    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+     "rope_type='dynamic' is not supported: its frequencies change"),
+    (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0]}),
+     "rope_type='longrope' is not supported"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), r"missing \['low_freq_factor'"),
     (dict(attention_bias=True, mlp_bias=False), "attention_bias=True with mlp_bias=False"),
 ])
 def test_unsupported_llama_configs_are_refused(tmp_path, fields, message):
@@ -140,6 +188,22 @@ def test_unsupported_llama_configs_are_refused(tmp_path, fields, message):
     checkpoint = aiayn.interop.hf_common.Checkpoint(tmp_path, config, {}, {})
     with pytest.raises(ValueError, match=message):
         aiayn.interop.hf_llama.config_from_hf(config, checkpoint, {})
+
+
+def test_a_llama_3_2_config_json_reads_its_scaled_rope(tmp_path):
+    """The rope fields of meta-llama/Llama-3.2-1B's config.json as published (transformers 4's
+    layout: ``rope_theta`` beside ``rope_scaling``), shrunk to a tiny model."""
+    scaling = {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+               "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    config = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=VOCAB,
+                  hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=131072,
+                  rope_scaling=scaling, rope_theta=500000.0, tie_word_embeddings=True,
+                  bos_token_id=1, eos_token_id=[2, 3, 4])
+    checkpoint = aiayn.interop.hf_common.Checkpoint(tmp_path, config, {}, {})
+    ours = aiayn.interop.hf_llama.config_from_hf(config, checkpoint, {})
+    assert ours.rope_theta == 500000.0 and ours.rope_scaling == scaling
+    assert (ours.max_length, ours.eos_id, ours.tie_output) == (131072, 2, True)
 
 
 def test_export_refuses_a_rotary_model_llama_cannot_express(tmp_path):

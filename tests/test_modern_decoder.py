@@ -66,6 +66,62 @@ def test_rotation_keeps_lengths_and_scores_depend_only_on_the_distance():
     assert cos.shape == sin.shape == (2, 1, 1, 16)
 
 
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+
+
+def test_linear_scaling_is_position_interpolation():
+    """Chen et al. 2023: position m with factor f is plain RoPE at m / f."""
+    plain = RotaryEmbedding(16, theta=10000.0, max_length=256)
+    scaled = RotaryEmbedding(16, theta=10000.0, max_length=256,
+                             scaling={"rope_type": "linear", "factor": 4.0})
+    positions = torch.arange(0, 200, 4)
+    for got, want in zip(scaled(positions), plain(positions // 4)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_llama3_scaling_keeps_short_wavelengths_and_stretches_long_ones():
+    """Llama 3.1's rule by hand: wavelengths under 32 / 4 = 8 positions kept, over 32 / 1 divided
+    by the factor 8, and in between (1 - s) theta / 8 + s theta with s = (32 / wavelength - 1) / 3."""
+    plain = RotaryEmbedding(16, theta=10000.0).inverse_frequency
+    scaled = RotaryEmbedding(16, theta=10000.0, scaling=LLAMA3).inverse_frequency
+    wavelengths = 2 * torch.pi / plain  # 6.3, 19.9, 62.8, ... positions
+    short, long = wavelengths < 8, wavelengths > 32
+    assert short.any() and long.any() and (~short & ~long).any()  # all three bands exercised
+    torch.testing.assert_close(scaled[short], plain[short], rtol=0, atol=0)
+    torch.testing.assert_close(scaled[long], plain[long] / 8, rtol=1e-6, atol=0)
+    smooth = (32 / wavelengths - 1) / 3
+    between = ~short & ~long
+    torch.testing.assert_close(scaled[between],
+                               ((1 - smooth) * plain / 8 + smooth * plain)[between])
+
+
+def test_yarn_scales_cos_and_sin_by_its_attention_factor():
+    rotary = RotaryEmbedding(16, theta=10000.0, max_length=256, scaling=YARN)
+    cos, sin = rotary(torch.arange(100))
+    factor = 0.1 * torch.log(torch.tensor(4.0)) + 1  # Peng et al. 2023, eq. 22: sqrt(1/t)
+    torch.testing.assert_close(cos ** 2 + sin ** 2, torch.full_like(cos, factor.item() ** 2))
+    plain = RotaryEmbedding(16, theta=10000.0).inverse_frequency
+    torch.testing.assert_close(rotary.inverse_frequency[0], plain[0])  # fastest: kept
+    torch.testing.assert_close(rotary.inverse_frequency[-1], plain[-1] / 4)  # slowest: / factor
+
+
+@pytest.mark.parametrize("scaling", [LLAMA3, YARN], ids=["llama3", "yarn"])
+def test_scaled_rope_decodes_with_a_cache_as_the_full_forward_and_saves(tmp_path, scaling):
+    model = llama(rope_scaling=scaling)
+    ids = torch.randint(3, 50, (2, 40))  # past original_max_position_embeddings = 32
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache(2, 40)
+        steps = [model(ids[:, :20], cache=cache)] + [model(ids[:, t:t + 1], cache=cache)
+                                                    for t in range(20, 40)]
+        assert not torch.allclose(llama()(ids), full, atol=1e-3)  # the scaling changes the model
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    model.config.save(tmp_path / "config.json")
+    assert TransformerConfig.load(tmp_path / "config.json") == model.config
+
+
 def test_swiglu_is_down_of_silu_gate_times_up_without_biases():
     ffn = GatedFeedForward(8, 12, activation="silu")
     x = torch.randn(2, 3, 8)
@@ -166,6 +222,18 @@ def test_the_kv_cache_of_four_times_fewer_kv_heads_is_four_times_smaller():
     (dict(attention="linear"), "n_kv_heads=2 needs a softmax kernel"),
     (dict(rope_theta=0.0), "rope_theta must be positive"),
     (dict(norm="batch"), "norm must be one of"),
+    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+     "rope_type='dynamic' is not supported: its frequencies change with the length"),
+    (dict(rope_scaling={"rope_type": "ntk", "factor": 2.0}), "rope_type must be one of"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+     r"missing \['low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'\]"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0, "low": 1}), r"unknown \['low'\]"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": 0.5}), "factor .* must be >= 1"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": "2"}), "factor must be a positive number"),
+    (dict(rope_scaling={**LLAMA3, "high_freq_factor": 1.0}), "must exceed low_freq_factor"),
+    (dict(rope_scaling=[2.0]), "rope_scaling must be a dict"),
+    (dict(positions="learned", rope_scaling={"rope_type": "linear", "factor": 2.0}),
+     "rope_scaling scales rotary positions; positions is 'learned'"),
 ])
 def test_bad_configs_are_refused_naming_the_field(fields, message):
     with pytest.raises(ValueError, match=message):

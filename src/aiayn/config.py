@@ -87,6 +87,9 @@ class TransformerConfig:
     n_kv_heads: int | None = None  # key/value heads; None: n_heads; 1: multi-query; else grouped
     d_head: int | None = None  # [d_k = d_v]; None: d_model / n_heads (paper 3.2.2)
     rope_theta: float = 10000.0  # base of the rotary frequencies (Su et al. 2021), positions="rotary"
+    # scaled RoPE for contexts beyond the pretraining length, with the keys of Hugging Face's
+    # rope_parameters, e.g. {"rope_type": "llama3", "factor": 32.0, ...} (aiayn.nn.rotary); None: plain
+    rope_scaling: dict[str, Any] | None = None
 
     # --- T5 (docs/t5.md; Raffel et al. 2020) -------------------------------------------------------
     # relative position bias: buckets of log distance, one learned scalar per bucket and head added
@@ -191,6 +194,12 @@ class TransformerConfig:
                              f"keeps one state per query head")
         if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+        from aiayn.nn.rotary import check_rope_scaling  # late: rotary imports nothing from here
+
+        check_rope_scaling(self.rope_scaling)
+        if self.rope_scaling is not None and self.positions != "rotary":
+            raise ValueError(f"rope_scaling scales rotary positions; positions is "
+                             f"{self.positions!r}")
         if self.positions == "rotary" and self.head_dim % 2:
             raise ValueError(f"rotary positions rotate pairs of dimensions and need an even head "
                              f"width, got {self.head_dim} (d_model / n_heads or d_head)")

@@ -5,8 +5,8 @@ rotary positions on q and k (``positions="rotary"``, ``rope_theta``), RMSNorm (`
 SwiGLU feed-forward (``gated_ffn``, ``activation="silu"``) and grouped-query attention
 (``n_kv_heads``). Besides: pre-norm with a final norm, no biases (``attention_bias`` / ``mlp_bias``),
 no embedding scale, no dropout on the residual stream, and an output projection of its own unless
-``tie_word_embeddings``. Only the default RoPE is supported; scaled variants (``rope_type`` "linear",
-"dynamic", "yarn", "llama3") are refused.
+``tie_word_embeddings``. Scaled RoPE (``rope_type`` "linear", "llama3" of Llama 3.1 and later,
+"yarn") becomes ``rope_scaling``; "dynamic" and "longrope" are refused (aiayn.nn.rotary).
 
 HF keeps q_proj, k_proj and v_proj apart; they are concatenated into aiayn's fused ``qkv_proj``
 ((H + 2 Hkv) Dh rows), or kept apart with ``fused_projections=False``.
@@ -24,22 +24,32 @@ from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, CONFIG_FILE, Checkpoint, NameMap, Rule,
                                      activation_from_hf, build_config, require)
 from aiayn.models import CausalLM
+from aiayn.nn.rotary import check_rope_scaling
 
 MODEL_TYPES = ("llama",)
 ARCHITECTURES = {"LlamaForCausalLM": "causal_lm", "LlamaModel": "causal_lm"}
 
 
-def _rope_theta(hf: dict[str, Any], source) -> float:
-    """rope_theta from transformers 5's ``rope_parameters`` or 4's top-level field; scaled RoPE
-    variants are refused."""
-    parameters = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    kind = scaling.get("rope_type", scaling.get("type")) if scaling else \
-        parameters.get("rope_type", "default")
-    if kind != "default":
-        raise ValueError(f"{source / CONFIG_FILE}: rope_type={kind!r} is not supported (aiayn "
-                         f"implements the default RoPE of Su et al. 2021)")
-    return float(parameters.get("rope_theta", hf.get("rope_theta", 10000.0)))
+def _rope(hf: dict[str, Any], source) -> tuple[float, dict[str, Any] | None]:
+    """rope_theta and the scaled RoPE (``rope_scaling``, None when plain) of a config.json:
+    transformers 5 keeps both in ``rope_parameters``, 4 in ``rope_theta`` and ``rope_scaling``."""
+    parameters = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = float(parameters.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+    kind = parameters.pop("rope_type", parameters.pop("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind in ("llama3", "yarn"):  # as transformers fills them in
+        parameters.setdefault("original_max_position_embeddings",
+                              hf.get("max_position_embeddings"))
+    if kind == "yarn" and parameters.get("factor") is None and hf.get("max_position_embeddings"):
+        parameters["factor"] = hf["max_position_embeddings"] / \
+            parameters["original_max_position_embeddings"]
+    scaling = {"rope_type": kind, **parameters}
+    try:
+        check_rope_scaling(scaling)
+    except ValueError as error:
+        raise ValueError(f"{source / CONFIG_FILE}: {error}") from None
+    return theta, scaling
 
 
 def _token_id(value: Any, vocab_size: int) -> int | None:
@@ -56,6 +66,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         raise ValueError(f"{source / CONFIG_FILE}: attention_bias={attention_bias} with "
                          f"mlp_bias={mlp_bias} is not supported (aiayn's bias covers both)")
     vocab_size = require(hf, "vocab_size", source)
+    rope_theta, rope_scaling = _rope(hf, source)
     d_model = require(hf, "hidden_size", source)
     heads = require(hf, "num_attention_heads", source)
     head_dim = hf.get("head_dim") or d_model // heads
@@ -75,7 +86,8 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         activation=activation_from_hf(hf.get("hidden_act", "silu"), "hidden_act", source),
         gated_ffn=True, norm="rms", norm_first=True, final_norm=True,
         layer_norm_eps=hf.get("rms_norm_eps", 1e-6), positions="rotary",
-        rope_theta=_rope_theta(hf, source), scale_embeddings=False, embedding_norm=False,
+        rope_theta=rope_theta, rope_scaling=rope_scaling, scale_embeddings=False,
+        embedding_norm=False,
         type_vocab_size=0, bias=bool(attention_bias),
         tie_output=hf.get("tie_word_embeddings", False), output_bias=False,
         init_std=hf.get("initializer_range", 0.02), pad_id=pad if pad is not None else eos,
@@ -152,8 +164,10 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
               num_key_value_heads=config.kv_heads, head_dim=config.head_dim,
               hidden_act=activation, max_position_embeddings=config.max_length,
               rms_norm_eps=config.layer_norm_eps,
-              rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
-              rope_theta=float(config.rope_theta), tie_word_embeddings=config.tie_output,
+              rope_parameters={"rope_type": "default", **(config.rope_scaling or {}),
+                               "rope_theta": float(config.rope_theta)},
+              rope_theta=float(config.rope_theta), rope_scaling=config.rope_scaling,
+              tie_word_embeddings=config.tie_output,
               attention_bias=config.bias, mlp_bias=config.bias,
               attention_dropout=config.attention_dropout,
               initializer_range=config.init_std or 0.02, bos_token_id=config.bos_id,

@@ -78,7 +78,8 @@ def final_norm(config: TransformerConfig) -> nn.Module | None:
 def make_rotary(config: TransformerConfig) -> RotaryEmbedding | None:
     if config.positions != "rotary":
         return None
-    return RotaryEmbedding(config.head_dim, config.rope_theta, config.max_length)
+    return RotaryEmbedding(config.head_dim, config.rope_theta, config.max_length,
+                           config.rope_scaling)
 
 
 def make_position_bias(config: TransformerConfig, *, bidirectional: bool
