@@ -10,6 +10,8 @@ that family, trained on the bundled data and saved by ``transformers`` itself:
              <extra_id_*> sentinels) + tokenizer_config.json, T5 1.1 (gated-gelu, head untied)
     llama    tokenizer.json (Llama 2's byte-fallback BPE: <unk>=0 <s>=1 </s>=2, <0x00>..<0xFF>,
              <s> ... added) + tokenizer_config.json, grouped-query attention (4 heads, 2 kv)
+    qwen3    tokenizer.json (byte-level BPE, Qwen's <|endoftext|> and chat markers, nothing added)
+             + tokenizer_config.json, QK-norm, grouped-query attention, a head width of its own
 """
 
 from __future__ import annotations
@@ -223,6 +225,30 @@ def llama(directory: Path, *, vocab: int = 600, seed: int = 0) -> Path:
         max_position_embeddings=64, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).eval()
+    randomise(model, std=0.3, skip=("rotary_emb",))
+    model.save_pretrained(directory)
+    return directory
+
+
+def qwen3(directory: Path, *, vocab: int = 500, seed: int = 0) -> Path:
+    """A Qwen3ForCausalLM (QK-norm, 4 heads of width 16 on a width of 32, 2 key/value heads) with
+    Qwen's tokenizer layout: byte-level BPE, specials after the learned pieces, no BOS added."""
+    import transformers
+
+    tokenizer = _byte_level_bpe(shakespeare().splitlines(keepends=True), vocab, [])
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+        additional_special_tokens=specials[1:])
+    fast.add_special_tokens({"eos_token": specials[0]})
+    fast.save_pretrained(directory)
+    eos = fast.convert_tokens_to_ids(specials[0])
+    config = transformers.Qwen3Config(
+        vocab_size=len(fast), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(config).eval()
     randomise(model, std=0.3, skip=("rotary_emb",))
     model.save_pretrained(directory)
     return directory

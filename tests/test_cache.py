@@ -29,8 +29,11 @@ def test_decoder_only_cached_steps_equal_full_forward(norm_first, kernel, positi
 
 
 @pytest.mark.parametrize("norm_first", NORMS)
-def test_encoder_decoder_cached_steps_equal_full_forward(norm_first):
-    model = Transformer(tiny(norm_first=norm_first)).eval()
+@pytest.mark.parametrize("changes", [{}, dict(qk_norm=True, qkv_bias=True, bias=False)],
+                         ids=["paper", "qk-norm"])
+def test_encoder_decoder_cached_steps_equal_full_forward(norm_first, changes):
+    """QK-norm also normalises cross-attention's queries and the memory's keys (cached once)."""
+    model = Transformer(tiny(norm_first=norm_first, **changes)).eval()
     src, tgt = torch.randint(3, 100, (2, 9)), torch.randint(3, 100, (2, 8))
     src_mask = torch.ones(2, 9, dtype=torch.bool)
     src_mask[1, 6:] = False

@@ -1,4 +1,4 @@
-"""The commands on T5 and Llama checkpoint directories print what ``transformers`` computes with
+"""The commands on T5, Llama and Qwen3 checkpoint directories print what ``transformers`` computes with
 the same checkpoint and its own tokenizer (small checkpoints built offline:
 tests/checkpoint_builders.py):
 ``aiayn translate`` = ``T5ForConditionalGeneration.generate`` + decode (greedy and beam), ``aiayn
@@ -29,7 +29,8 @@ MAX_EXTRA = 50  # aiayn translate: source length + 50 positions, </s> forced at 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
-    return {"t5": builders.t5(root / "t5"), "llama": builders.llama(root / "llama")}
+    return {"t5": builders.t5(root / "t5"), "llama": builders.llama(root / "llama"),
+            "qwen3": builders.qwen3(root / "qwen3")}
 
 
 def run_cli(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -130,6 +131,26 @@ def test_generate_on_llama_batches_prompts_like_one_at_a_time(checkpoints):
     expected = "".join(f"=== {p!r}\n" + hf_continuation(directory, p, new_tokens=12) + "\n"
                        for p in PROMPTS[:3])
     assert result.stdout.decode() == expected
+
+
+def test_generate_on_qwen3_prints_what_transformers_generate_and_decode_print(checkpoints):
+    """A byte-level tokenizer that adds no BOS, QK-norm and a tied head: the prompt's ids alone."""
+    directory = checkpoints["qwen3"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    for prompt in PROMPTS[:4]:
+        ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+        assert tokenizer.decode(ids[0]) == prompt  # nothing added in front
+        with torch.no_grad():
+            generated = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                       num_beams=1, max_new_tokens=12, min_new_tokens=0,
+                                       pad_token_id=model.config.eos_token_id)
+        expected = tokenizer.decode(generated[0], skip_special_tokens=True)
+        result = run_cli("generate", str(directory), "--prompt", prompt, "--greedy",
+                         "--max-new-tokens", "12", "--threads", "1")
+        assert result.returncode == 0, result.stderr.decode()
+        assert result.stdout.decode() == expected + "\n", prompt
 
 
 def test_evaluate_a_llama_checkpoint(checkpoints, tmp_path, capsys):

@@ -122,6 +122,42 @@ def test_scaled_rope_decodes_with_a_cache_as_the_full_forward_and_saves(tmp_path
     assert TransformerConfig.load(tmp_path / "config.json") == model.config
 
 
+def test_qkv_bias_puts_biases_on_q_k_v_alone():
+    """Qwen2: biases on the query, key and value projections, none on the output or the FFN."""
+    for fused in (True, False):
+        attention = llama(qkv_bias=True, bias=False, fused_projections=fused
+                          ).decoder.layers[0].self_attention
+        projections = [attention.qkv_proj] if fused else [attention.q_proj, attention.k_proj,
+                                                          attention.v_proj]
+        assert all(p.bias is not None for p in projections) and attention.out_proj.bias is None
+    model = llama(qkv_bias=False, bias=True)
+    assert model.decoder.layers[0].self_attention.qkv_proj.bias is None
+    assert model.decoder.layers[0].feedforward.gate_proj.bias is not None
+
+
+def test_qk_norm_normalises_each_heads_queries_and_keys_before_the_rotation():
+    """QK-norm (Qwen3) by hand: RMSNorm over Dh of every head's q and k, times its gain."""
+    model = llama(qk_norm=True)
+    attention = model.decoder.layers[0].self_attention
+    x = torch.randn(2, 5, 64)
+    q, k, v = attention.qkv_proj(x).split(attention.split_sizes, dim=-1)
+    q, k = q.view(2, 5, 8, 8).transpose(1, 2), k.view(2, 5, 2, 8).transpose(1, 2)
+
+    def rms(t: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + LLAMA.layer_norm_eps) * gain
+
+    got_q, got_k, _ = attention.project(x)
+    torch.testing.assert_close(got_q, rms(q, attention.q_norm.weight))
+    torch.testing.assert_close(got_k, rms(k, attention.k_norm.weight))
+    assert attention.q_norm.weight.shape == (8,)  # over Dh, shared by the heads
+    ids = torch.randint(3, 50, (2, 12))
+    with torch.no_grad():
+        cache = model.new_cache(2, 12)
+        steps = [model(ids[:, :5], cache=cache)] + [model(ids[:, t:t + 1], cache=cache)
+                                                   for t in range(5, 12)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), model(ids), rtol=1e-5, atol=1e-5)
+
+
 def test_swiglu_is_down_of_silu_gate_times_up_without_biases():
     ffn = GatedFeedForward(8, 12, activation="silu")
     x = torch.randn(2, 3, 8)
@@ -253,13 +289,15 @@ def test_a_head_width_of_its_own_sizes_the_projections():
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_the_modern_decoder_compiles_whole_for_training_and_a_cached_step():
-    """``torch.compile(fullgraph=True)``: rotary, RMSNorm, SwiGLU and grouped heads break no graph
-    (aot_eager traces what inductor would, see tests/test_compile.py)."""
+@pytest.mark.parametrize("changes", [{}, dict(qk_norm=True, qkv_bias=True, bias=False,
+                                              rope_scaling=YARN)], ids=["llama", "qwen-yarn"])
+def test_the_modern_decoder_compiles_whole_for_training_and_a_cached_step(changes):
+    """``torch.compile(fullgraph=True)``: rotary (also scaled), RMSNorm, SwiGLU, grouped heads and
+    QK-norm break no graph (aot_eager traces what inductor would, see tests/test_compile.py)."""
     from aiayn.decoding.generation import decode_step
 
     torch._dynamo.reset()
-    model = llama().train()
+    model = llama(**changes).train()
     ids = torch.randint(3, 50, (2, 9))
     out = torch.compile(model, fullgraph=True, backend="aot_eager")(ids)
     out.square().mean().backward()

@@ -56,6 +56,7 @@ class TransformerConfig:
     layer_norm_eps: float = 1e-5
     layer_norm_bias: bool = True  # False: LayerNorm with a gain only (nanoGPT with bias=False)
     bias: bool = True  # biases in the attention and FFN projections
+    qkv_bias: bool | None = None  # biases on the q, k, v projections only; None: bias (Qwen2: True)
     fused_projections: bool = True  # one (D, 3D) matmul for q, k, v instead of three (D, D)
     attention: str = "fused"  # attention kernel name, see aiayn.nn.attention.kernels.make_kernel
     # options of the efficient kernels (docs/efficient-attention.md); other kernels ignore them
@@ -86,6 +87,7 @@ class TransformerConfig:
     gated_ffn: bool = False  # down(act(gate(x)) * up(x)) (Shazeer 2020); silu: SwiGLU, gelu: GEGLU
     n_kv_heads: int | None = None  # key/value heads; None: n_heads; 1: multi-query; else grouped
     d_head: int | None = None  # [d_k = d_v]; None: d_model / n_heads (paper 3.2.2)
+    qk_norm: bool = False  # the config's norm over Dh on every head's q and k, before RoPE (Qwen3)
     rope_theta: float = 10000.0  # base of the rotary frequencies (Su et al. 2021), positions="rotary"
     # scaled RoPE for contexts beyond the pretraining length, with the keys of Hugging Face's
     # rope_parameters, e.g. {"rope_type": "llama3", "factor": 32.0, ...} (aiayn.nn.rotary); None: plain

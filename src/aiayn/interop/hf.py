@@ -7,6 +7,8 @@ Families (one module each, each with an explicit parameter-name map):
                              BertForSequenceClassification                  SequenceClassifier
     gpt2                     GPT2Model / GPT2LMHeadModel                    CausalLM
     llama                    LlamaModel / LlamaForCausalLM                  CausalLM (rotary positions)
+    mistral, qwen2, qwen3    MistralForCausalLM / Qwen2ForCausalLM /        CausalLM (as Llama, with
+                             Qwen3ForCausalLM (and ...Model)                qkv_bias / qk_norm)
     marian, bart             MarianMTModel / BartForConditionalGeneration   Transformer
                              (MarianModel / BartModel)
     vit                      ViTModel / ViTForImageClassification           VisionTransformer /

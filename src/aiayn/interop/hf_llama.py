@@ -1,4 +1,6 @@
-"""Llama checkpoints (``LlamaForCausalLM``, ``LlamaModel``) <-> aiayn's ``CausalLM``.
+"""Llama checkpoints (``LlamaForCausalLM``, ``LlamaModel``) <-> aiayn's ``CausalLM``, and the three
+families that are Llama with one change each: Mistral (a sliding attention window), Qwen2 (biases on
+the q, k, v projections: ``qkv_bias``) and Qwen3 (RMSNorm on every head's q and k: ``qk_norm``).
 
 Llama is the GPT decoder with four changes, each a TransformerConfig field (docs/modern-decoder.md):
 rotary positions on q and k (``positions="rotary"``, ``rope_theta``), RMSNorm (``norm="rms"``), the
@@ -7,6 +9,10 @@ SwiGLU feed-forward (``gated_ffn``, ``activation="silu"``) and grouped-query att
 no embedding scale, no dropout on the residual stream, and an output projection of its own unless
 ``tie_word_embeddings``. Scaled RoPE (``rope_type`` "linear", "llama3" of Llama 3.1 and later,
 "yarn") becomes ``rope_scaling``; "dynamic" and "longrope" are refused (aiayn.nn.rotary).
+
+A sliding window (Mistral 7B v0.1's 4096; Qwen's with ``use_sliding_window``) is not implemented: it
+changes nothing while a sequence fits in the window, so ``max_length`` becomes the window and longer
+inputs are an error.
 
 HF keeps q_proj, k_proj and v_proj apart; they are concatenated into aiayn's fused ``qkv_proj``
 ((H + 2 Hkv) Dh rows), or kept apart with ``fused_projections=False``.
@@ -26,8 +32,9 @@ from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, CONFIG_FILE, Checkpoint,
 from aiayn.models import CausalLM
 from aiayn.nn.rotary import check_rope_scaling
 
-MODEL_TYPES = ("llama",)
-ARCHITECTURES = {"LlamaForCausalLM": "causal_lm", "LlamaModel": "causal_lm"}
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = {f"{name}{suffix}": "causal_lm" for name in ("Llama", "Mistral", "Qwen2", "Qwen3")
+                 for suffix in ("ForCausalLM", "Model")}
 
 
 def _rope(hf: dict[str, Any], source) -> tuple[float, dict[str, Any] | None]:
@@ -57,14 +64,38 @@ def _token_id(value: Any, vocab_size: int) -> int | None:
     return value if isinstance(value, int) and 0 <= value < vocab_size else None
 
 
-def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
-                   overrides: dict[str, Any]) -> TransformerConfig:
-    """The aiayn config of a Llama config.json (``overrides`` win)."""
-    source = checkpoint.directory
-    attention_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
+def _biases(hf: dict[str, Any], source) -> tuple[bool, bool]:
+    """(bias, qkv_bias) of each family: Llama's attention_bias and mlp_bias, Qwen2's fixed biases on
+    q, k, v only, Qwen3's and Mistral's none."""
+    model_type = hf.get("model_type")
+    if model_type == "qwen2":
+        return False, True
+    attention_bias = hf.get("attention_bias", False)
+    mlp_bias = hf.get("mlp_bias", False) if model_type == "llama" else False
     if attention_bias != mlp_bias:
         raise ValueError(f"{source / CONFIG_FILE}: attention_bias={attention_bias} with "
                          f"mlp_bias={mlp_bias} is not supported (aiayn's bias covers both)")
+    return bool(attention_bias), bool(attention_bias)
+
+
+def _max_length(hf: dict[str, Any]) -> int:
+    """max_position_embeddings, or the sliding window where it is shorter (see the docstring)."""
+    length = hf.get("max_position_embeddings", 2048)
+    window = hf.get("sliding_window")
+    if hf.get("model_type") in ("qwen2", "qwen3"):  # their window slides only when switched on
+        sliding = hf.get("use_sliding_window") or "sliding_attention" in (hf.get("layer_types")
+                                                                           or ())
+        window = window if sliding else None
+    elif hf.get("model_type") == "llama":
+        window = None
+    return min(length, window) if isinstance(window, int) and window > 0 else length
+
+
+def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
+                   overrides: dict[str, Any]) -> TransformerConfig:
+    """The aiayn config of a Llama, Mistral, Qwen2 or Qwen3 config.json (``overrides`` win)."""
+    source = checkpoint.directory
+    bias, qkv_bias = _biases(hf, source)
     vocab_size = require(hf, "vocab_size", source)
     rope_theta, rope_scaling = _rope(hf, source)
     d_model = require(hf, "hidden_size", source)
@@ -81,14 +112,14 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         d_head=None if head_dim * heads == d_model else head_dim,
         d_ff=require(hf, "intermediate_size", source), n_encoder_layers=0,
         n_decoder_layers=require(hf, "num_hidden_layers", source),
-        max_length=hf.get("max_position_embeddings", 2048), dropout=0.0,
+        max_length=_max_length(hf), dropout=0.0,
         attention_dropout=hf.get("attention_dropout", 0.0),
         activation=activation_from_hf(hf.get("hidden_act", "silu"), "hidden_act", source),
         gated_ffn=True, norm="rms", norm_first=True, final_norm=True,
         layer_norm_eps=hf.get("rms_norm_eps", 1e-6), positions="rotary",
         rope_theta=rope_theta, rope_scaling=rope_scaling, scale_embeddings=False,
-        embedding_norm=False,
-        type_vocab_size=0, bias=bool(attention_bias),
+        embedding_norm=False, type_vocab_size=0, bias=bias,
+        qkv_bias=None if qkv_bias == bias else qkv_bias, qk_norm=hf.get("model_type") == "qwen3",
         tie_output=hf.get("tie_word_embeddings", False), output_bias=False,
         init_std=hf.get("initializer_range", 0.02), pad_id=pad if pad is not None else eos,
         bos_id=bos, eos_id=eos, decoder_start_id=bos)
@@ -97,7 +128,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
 
 
 def name_map(config: TransformerConfig, prefix: str, *, has_head: bool) -> NameMap:
-    """How a Llama checkpoint (keys under ``prefix``: "model." or "") fills a ``CausalLM``."""
+    """How a Llama-family checkpoint (keys under ``prefix``: "model." or "") fills a ``CausalLM``."""
     n = config.n_decoder_layers
     layer, hf_layer = "decoder.layers.{}.", f"{prefix}layers.{{}}."
     rules = [Rule("decoder.embeddings.tokens.weight", (f"{prefix}embed_tokens.weight",)),
@@ -107,7 +138,8 @@ def name_map(config: TransformerConfig, prefix: str, *, has_head: bool) -> NameM
              Rule(f"{layer}feedforward_residual.norm.weight",
                   (f"{hf_layer}post_attention_layernorm.weight",), n)]
     inner, kv_inner = config.n_heads * config.head_dim, config.kv_heads * config.head_dim
-    for kind in ("weight", "bias") if config.bias else ("weight",):
+    qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
+    for kind in ("weight", "bias") if qkv_bias else ("weight",):
         q, k, v = (f"{hf_layer}self_attn.{name}.{kind}" for name in ("q_proj", "k_proj", "v_proj"))
         if config.fused_projections:
             rules.append(Rule(f"{layer}self_attention.qkv_proj.{kind}", (q, k, v), n,
@@ -115,6 +147,10 @@ def name_map(config: TransformerConfig, prefix: str, *, has_head: bool) -> NameM
         else:
             rules += [Rule(f"{layer}self_attention.{name}_proj.{kind}", (hf,), n)
                       for name, hf in (("q", q), ("k", k), ("v", v))]
+    if config.qk_norm:  # Qwen3
+        rules += [Rule(f"{layer}self_attention.{name}.weight", (f"{hf_layer}self_attn.{name}.weight",),
+                       n) for name in ("q_norm", "k_norm")]
+    for kind in ("weight", "bias") if config.bias else ("weight",):
         rules.append(Rule(f"{layer}self_attention.out_proj.{kind}",
                           (f"{hf_layer}self_attn.o_proj.{kind}",), n))
         rules += [Rule(f"{layer}feedforward.{name}.{kind}", (f"{hf_layer}mlp.{name}.{kind}",), n)
@@ -146,8 +182,30 @@ def matches(model: nn.Module) -> bool:
     return isinstance(model, CausalLM) and model.config.positions == "rotary"
 
 
+def _export_family(config: TransformerConfig) -> str:
+    """Which class writes the model: Qwen3 for QK-norm, Qwen2 for biases on q, k, v alone, else
+    Llama (biases everywhere or nowhere)."""
+    qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
+    if config.qk_norm:
+        if config.bias or qkv_bias:
+            raise ValueError(f"cannot export as Qwen3 (QK-norm): Qwen3's biases cover the attention "
+                             f"and not the FFN; the model has bias={config.bias}, "
+                             f"qkv_bias={config.qkv_bias}")
+        return "qwen3"
+    if qkv_bias and not config.bias:
+        return "qwen2"
+    if qkv_bias != config.bias:
+        raise ValueError(f"cannot export as Llama: Llama has biases on every projection or on "
+                         f"none; the model has bias={config.bias}, qkv_bias={config.qkv_bias}")
+    return "llama"
+
+
+CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
 def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
-    """The HF config.json and name map that write an aiayn ``CausalLM`` as ``LlamaForCausalLM``."""
+    """The HF config.json and name map that write an aiayn rotary ``CausalLM`` as
+    ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``Qwen3ForCausalLM`` (``_export_family``)."""
     config: TransformerConfig = model.config
     required = dict(norm_first=True, final_norm=True, norm="rms", positions="rotary",
                     gated_ffn=True, scale_embeddings=False, embedding_norm=False,
@@ -157,8 +215,9 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
         if getattr(config, name) != value:
             raise ValueError(f"cannot export as Llama: Llama needs {name}={value!r}, the model has "
                              f"{name}={getattr(config, name)!r}")
+    family = _export_family(config)
     activation = "silu" if config.activation == "silu" else AIAYN_ACTIVATIONS[config.activation]
-    hf = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=config.vocab_size,
+    hf = dict(model_type=family, architectures=[CLASSES[family]], vocab_size=config.vocab_size,
               hidden_size=config.d_model, intermediate_size=config.d_ff,
               num_hidden_layers=config.n_decoder_layers, num_attention_heads=config.n_heads,
               num_key_value_heads=config.kv_heads, head_dim=config.head_dim,
@@ -168,8 +227,12 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
                                "rope_theta": float(config.rope_theta)},
               rope_theta=float(config.rope_theta), rope_scaling=config.rope_scaling,
               tie_word_embeddings=config.tie_output,
-              attention_bias=config.bias, mlp_bias=config.bias,
               attention_dropout=config.attention_dropout,
               initializer_range=config.init_std or 0.02, bos_token_id=config.bos_id,
               eos_token_id=config.eos_id, pad_token_id=config.pad_id)
+    if family == "llama":
+        hf.update(attention_bias=config.bias, mlp_bias=config.bias)
+    else:
+        hf.update(use_sliding_window=False, sliding_window=None)
+        hf.update(attention_bias=False) if family == "qwen3" else None
     return hf, name_map(config, "model.", has_head=True)

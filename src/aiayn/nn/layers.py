@@ -48,14 +48,24 @@ def make_self_attention(config: TransformerConfig) -> SelfAttention:
     return SelfAttention(config.d_model, config.n_heads, make_kernel(config),
                          n_kv_heads=config.kv_heads, head_dim=config.head_dim,
                          fused_projections=config.fused_projections,
-                         dropout=config.attention_dropout, bias=config.bias)
+                         dropout=config.attention_dropout, bias=config.bias,
+                         qkv_bias=config.qkv_bias, **qk_norms(config))
 
 
 def make_cross_attention(config: TransformerConfig) -> CrossAttention:
     return CrossAttention(config.d_model, config.n_heads, make_kernel(config, cross=True),
                           n_kv_heads=config.kv_heads, head_dim=config.head_dim,
                           fused_projections=config.fused_projections,
-                          dropout=config.attention_dropout, bias=config.bias)
+                          dropout=config.attention_dropout, bias=config.bias,
+                          qkv_bias=config.qkv_bias, **qk_norms(config))
+
+
+def qk_norms(config: TransformerConfig) -> dict[str, nn.Module]:
+    """QK-norm's two norms over the head width Dh (``qk_norm``), or none."""
+    if not config.qk_norm:
+        return {}
+    return {"q_norm": layer_norm(config, config.head_dim),
+            "k_norm": layer_norm(config, config.head_dim)}
 
 
 def make_feedforward(config: TransformerConfig) -> FeedForward | GatedFeedForward:

@@ -17,9 +17,11 @@ from torch import nn
 from aiayn.config import TransformerConfig
 
 
-def layer_norm(config: TransformerConfig) -> nn.LayerNorm | nn.RMSNorm:
-    """The config's layer normalisation over the model width D: ``nn.LayerNorm`` (``norm="layer"``,
-    with the config's epsilon and bias) or ``nn.RMSNorm`` (``norm="rms"``, a gain only)."""
+def layer_norm(config: TransformerConfig, width: int | None = None) -> nn.LayerNorm | nn.RMSNorm:
+    """The config's layer normalisation over the model width D (or ``width``: QK-norm's Dh):
+    ``nn.LayerNorm`` (``norm="layer"``, with the config's epsilon and bias) or ``nn.RMSNorm``
+    (``norm="rms"``, a gain only)."""
+    width = config.d_model if width is None else width
     if config.norm == "rms":
-        return nn.RMSNorm(config.d_model, eps=config.layer_norm_eps)
-    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.layer_norm_bias)
+        return nn.RMSNorm(width, eps=config.layer_norm_eps)
+    return nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.layer_norm_bias)

@@ -9,7 +9,8 @@ shared by H / Hkv query heads, so their projections (and the KV cache) are Hkv /
 width Dh other than D / H (T5 v1.1) makes the inner width H * Dh. The attention itself is a kernel
 object (aiayn.nn.attention.kernels), so reference / fused / efficient kernels are interchangeable.
 Rotary positions (aiayn.nn.rotary) rotate q and k after the projection, before the cache; a position
-bias (aiayn.nn.relative_bias) goes to the kernel. Two modules share the projections' plumbing:
+bias (aiayn.nn.relative_bias) goes to the kernel. QK-norm (Dehghani et al. 2023; Qwen3) normalises each
+head's queries and keys over Dh right after the projection, before the rotation. Two modules share the projections' plumbing:
 
 - ``SelfAttention``: queries, keys and values from the same sequence; with a cache, the T newest
   positions attend to everything written so far (the kernel's ``decode``).
@@ -40,11 +41,15 @@ class MultiHeadAttention(nn.Module):
         head_dim: Dh (None: D / H).
         dropout: dropout on the attention weights (training only).
         bias: biases on the projections.
+        qkv_bias: biases on the q, k and v projections only (None: ``bias``); Qwen2 has them
+            without one on the output projection.
+        q_norm, k_norm: modules over Dh applied to every head's queries and keys (QK-norm), or None.
     """
 
     def __init__(self, d_model: int, n_heads: int, kernel: AttentionKernel, *,
                  n_kv_heads: int | None = None, head_dim: int | None = None,
-                 dropout: float = 0.0, bias: bool = True):
+                 dropout: float = 0.0, bias: bool = True, qkv_bias: bool | None = None,
+                 q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
         super().__init__()
         if head_dim is None and d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
@@ -55,6 +60,8 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = d_model // n_heads if head_dim is None else head_dim
         self.dropout = dropout
         self.kernel = kernel
+        self.qkv_bias = bias if qkv_bias is None else qkv_bias
+        self.q_norm, self.k_norm = q_norm, k_norm
         self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
 
     def split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
@@ -97,18 +104,21 @@ class SelfAttention(MultiHeadAttention):
 
     def __init__(self, d_model: int, n_heads: int, kernel: AttentionKernel, *,
                  n_kv_heads: int | None = None, head_dim: int | None = None,
-                 fused_projections: bool = True, dropout: float = 0.0, bias: bool = True):
+                 fused_projections: bool = True, dropout: float = 0.0, bias: bool = True,
+                 qkv_bias: bool | None = None, q_norm: nn.Module | None = None,
+                 k_norm: nn.Module | None = None):
         super().__init__(d_model, n_heads, kernel, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                         dropout=dropout, bias=bias)
+                         dropout=dropout, bias=bias, qkv_bias=qkv_bias, q_norm=q_norm,
+                         k_norm=k_norm)
         self.fused_projections = fused_projections
         inner, kv_inner = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.split_sizes = (inner, kv_inner, kv_inner)
         if fused_projections:
-            self.qkv_proj = nn.Linear(d_model, inner + 2 * kv_inner, bias=bias)
+            self.qkv_proj = nn.Linear(d_model, inner + 2 * kv_inner, bias=self.qkv_bias)
         else:
-            self.q_proj = nn.Linear(d_model, inner, bias=bias)
-            self.k_proj = nn.Linear(d_model, kv_inner, bias=bias)
-            self.v_proj = nn.Linear(d_model, kv_inner, bias=bias)
+            self.q_proj = nn.Linear(d_model, inner, bias=self.qkv_bias)
+            self.k_proj = nn.Linear(d_model, kv_inner, bias=self.qkv_bias)
+            self.v_proj = nn.Linear(d_model, kv_inner, bias=self.qkv_bias)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, T, Dh), keys and values (B, Hkv, T, Dh) of x (B, T, D)."""
@@ -116,8 +126,10 @@ class SelfAttention(MultiHeadAttention):
             q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)  # (B, T, H*Dh | Hkv*Dh)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return (self.split_heads(q), self.split_heads(k, self.n_kv_heads),
-                self.split_heads(v, self.n_kv_heads))
+        q, k = self.split_heads(q), self.split_heads(k, self.n_kv_heads)
+        if self.q_norm is not None:  # QK-norm: each head's vectors over Dh
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, self.split_heads(v, self.n_kv_heads)
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None, causal: bool = False,
                 cache: KVCache | None = None, start: int | Tensor = 0,
@@ -154,18 +166,21 @@ class CrossAttention(MultiHeadAttention):
 
     def __init__(self, d_model: int, n_heads: int, kernel: AttentionKernel, *,
                  n_kv_heads: int | None = None, head_dim: int | None = None,
-                 fused_projections: bool = True, dropout: float = 0.0, bias: bool = True):
+                 fused_projections: bool = True, dropout: float = 0.0, bias: bool = True,
+                 qkv_bias: bool | None = None, q_norm: nn.Module | None = None,
+                 k_norm: nn.Module | None = None):
         super().__init__(d_model, n_heads, kernel, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                         dropout=dropout, bias=bias)
+                         dropout=dropout, bias=bias, qkv_bias=qkv_bias, q_norm=q_norm,
+                         k_norm=k_norm)
         self.fused_projections = fused_projections
         inner, kv_inner = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.split_sizes = (kv_inner, kv_inner)
-        self.q_proj = nn.Linear(d_model, inner, bias=bias)
+        self.q_proj = nn.Linear(d_model, inner, bias=self.qkv_bias)
         if fused_projections:
-            self.kv_proj = nn.Linear(d_model, 2 * kv_inner, bias=bias)
+            self.kv_proj = nn.Linear(d_model, 2 * kv_inner, bias=self.qkv_bias)
         else:
-            self.k_proj = nn.Linear(d_model, kv_inner, bias=bias)
-            self.v_proj = nn.Linear(d_model, kv_inner, bias=bias)
+            self.k_proj = nn.Linear(d_model, kv_inner, bias=self.qkv_bias)
+            self.v_proj = nn.Linear(d_model, kv_inner, bias=self.qkv_bias)
 
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values (B, Hkv, S, Dh) of the memory (B, S, D)."""
@@ -174,7 +189,8 @@ class CrossAttention(MultiHeadAttention):
             k, v = self.kv_proj(memory).split(self.split_sizes, dim=-1)  # 2 x (B, S, Hkv*Dh)
         else:
             k, v = self.k_proj(memory), self.v_proj(memory)
-        return self.split_heads(k, self.n_kv_heads), self.split_heads(v, self.n_kv_heads)
+        k = self.split_heads(k, self.n_kv_heads)
+        return (k if self.k_norm is None else self.k_norm(k)), self.split_heads(v, self.n_kv_heads)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
                 cache: MemoryCache | None = None, need_weights: bool = False
@@ -196,6 +212,7 @@ class CrossAttention(MultiHeadAttention):
             if cache is not None:
                 cache.keys, cache.values = k, v
         q = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
+        q = q if self.q_norm is None else self.q_norm(q)
         group = rows_per_memory(q.shape[0], k.shape[0])
         if group > 1:
             q = fold_groups(q, group)  # (B / G, H, G * T, Dh)

@@ -1,0 +1,158 @@
+"""The Llama-shaped families load into the same ``CausalLM`` and equal Hugging Face's classes built
+from configs (random weights, no download): Mistral (a sliding window), Qwen2 (biases on q, k, v
+only: ``qkv_bias``), Qwen3 (RMSNorm on each head's q and k: ``qk_norm``). Logits within 1e-4 with
+right and left padding, fused and separate projections; round trips through ``save_pretrained``
+that transformers loads as the same class; 50 greedy tokens equal HF ``generate``; a sliding window
+shorter than the context caps ``max_length``; what a family cannot express is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import aiayn
+from aiayn.decoding.generation import generate
+from aiayn.interop.hf import from_transformers
+from hf_helpers import randomise
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB, NEW_TOKENS = 97, 50
+# family -> (config class, model class, what is special about it)
+FAMILIES = {
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=False)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, use_sliding_window=False)),
+}
+
+
+def family_param(name: str):
+    present = hasattr(transformers, FAMILIES[name][1])
+    return pytest.param(name, marks=pytest.mark.skipif(
+        not present, reason=f"transformers {transformers.__version__} has no {FAMILIES[name][1]}"))
+
+
+ALL = [family_param(name) for name in FAMILIES]
+
+
+def hf_model(family: str, std: float = 0.15, **fields):
+    config_class, model_class, special = FAMILIES[family]
+    config = getattr(transformers, config_class)(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=128,
+        rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        tie_word_embeddings=False, **{**special, **fields})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config).eval()
+    randomise(model, std=std, skip=("rotary_emb",))
+    return model
+
+
+def left_padded(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.randint(3, VOCAB, (len(lengths), width), generator=generator)
+    mask = torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]
+    return ids.masked_fill(~mask, 0), mask
+
+
+@pytest.mark.parametrize("family", ALL)
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-qkv", "separate-qkv"])
+def test_logits_match_hf_with_right_and_left_padding(family, fused):
+    hf = hf_model(family)
+    ours = from_transformers(hf, fused_projections=fused)
+    config = ours.config
+    assert (config.qkv_bias, config.qk_norm) == {"mistral": (None, False), "qwen2": (True, False),
+                                                 "qwen3": (None, True)}[family]
+    ids, left_mask = left_padded([11, 7, 4])
+    right_mask = left_mask.flip(1)
+    right_ids = torch.stack([torch.cat([row[mask], row[~mask]])
+                             for row, mask in zip(ids, left_mask)])
+    positions = (left_mask.long().cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        want_right = hf(right_ids, attention_mask=right_mask.long()).logits
+        want_left = hf(ids, attention_mask=left_mask.long(), position_ids=positions).logits
+        got_right = ours(right_ids, padding_mask=right_mask)
+        got_left = ours(ids, padding_mask=left_mask, positions=positions)
+    assert want_right[right_mask].std() > 0.1  # far from uniform: the test can fail
+    assert (got_right - want_right)[right_mask].abs().max() < 1e-4
+    assert (got_left - want_left)[left_mask].abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_save_pretrained_round_trips_through_transformers(tmp_path, family):
+    hf = hf_model(family)
+    hf.save_pretrained(tmp_path / "hf")
+    ours = aiayn.from_pretrained(tmp_path / "hf")
+    aiayn.save_pretrained(ours, tmp_path / "ours")
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    # Mistral without a window is Llama: it is written as Llama
+    want_class = "LlamaForCausalLM" if family == "mistral" else FAMILIES[family][1]
+    assert type(again).__name__ == want_class
+    ids = torch.randint(3, VOCAB, (2, 9))
+    with torch.no_grad():
+        want = hf(ids).logits
+        torch.testing.assert_close(again(ids).logits, want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(ours(ids), want, rtol=0, atol=1e-4)
+    assert aiayn.from_pretrained(tmp_path / "ours").config == ours.config
+    hf_state, again_state = hf.state_dict(), again.state_dict()
+    assert hf_state.keys() == again_state.keys()
+    for name in hf_state:
+        torch.testing.assert_close(again_state[name], hf_state[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_fifty_greedy_tokens_of_left_padded_prompts_equal_hf_generate(family):
+    hf = hf_model(family, std=0.3)
+    ours = from_transformers(hf)
+    ids, mask = left_padded([9, 3, 6], seed=5)
+    prompts = [row[row_mask].tolist() for row, row_mask in zip(ids, mask)]
+    got = generate(ours, prompts, max_new_tokens=NEW_TOKENS, greedy=True).tokens
+    hf.generation_config.eos_token_id = None  # 50 tokens, no early stop
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=mask.long(), do_sample=False, num_beams=1,
+                          max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
+    want = out[:, ids.shape[1]:].tolist()
+    assert got == want
+    assert len({tuple(row) for row in want}) == 3
+
+
+@pytest.mark.parametrize("family, fields", [
+    pytest.param("mistral", dict(sliding_window=16), marks=ALL[0].marks),
+    pytest.param("qwen2", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0),
+                 marks=ALL[1].marks),
+])
+def test_a_sliding_window_shorter_than_the_context_caps_max_length(family, fields):
+    """Within the window, sliding changes nothing: equal logits at 16 positions, a clear error at
+    17, where HF's window would start to drop keys."""
+    hf = hf_model(family, **fields)
+    ours = from_transformers(hf)
+    assert ours.config.max_length == 16
+    ids = torch.randint(3, VOCAB, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, rtol=0, atol=1e-4)
+        with pytest.raises(ValueError, match="max_length"):
+            ours(torch.randint(3, VOCAB, (1, 17)))
+
+
+def test_a_qwen2_window_that_is_switched_off_leaves_the_context_alone():
+    hf = hf_model("qwen2", use_sliding_window=False, sliding_window=16)
+    assert from_transformers(hf).config.max_length == 128
+
+
+def config_json(tmp_path, **fields):
+    config = dict(architectures=["Qwen3ForCausalLM"], vocab_size=VOCAB, hidden_size=64,
+                  intermediate_size=96, num_hidden_layers=1, num_attention_heads=4, **fields)
+    checkpoint = aiayn.interop.hf_common.Checkpoint(tmp_path, config, {}, {})
+    return lambda: aiayn.interop.hf_llama.config_from_hf(config, checkpoint, {})
+
+
+def test_what_a_family_cannot_express_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="attention_bias=True with mlp_bias=False"):
+        config_json(tmp_path, model_type="qwen3", attention_bias=True)()
+    base = aiayn.TransformerConfig.preset("llama-char")
+    with pytest.raises(ValueError, match="cannot export as Qwen3 .* bias=True"):
+        aiayn.save_pretrained(aiayn.CausalLM(base.replace(qk_norm=True, bias=True)), tmp_path)
+    with pytest.raises(ValueError, match="Llama has biases on every projection or on none"):
+        aiayn.save_pretrained(aiayn.CausalLM(base.replace(bias=True, qkv_bias=False)), tmp_path)
