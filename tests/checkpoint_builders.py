@@ -11,7 +11,8 @@ that family, trained on the bundled data and saved by ``transformers`` itself:
     llama    tokenizer.json (Llama 2's byte-fallback BPE: <unk>=0 <s>=1 </s>=2, <0x00>..<0xFF>,
              <s> ... added) + tokenizer_config.json, grouped-query attention (4 heads, 2 kv)
     qwen3    tokenizer.json (byte-level BPE, Qwen's <|endoftext|> and chat markers, nothing added)
-             + tokenizer_config.json, QK-norm, grouped-query attention, a head width of its own
+             + tokenizer_config.json with a ChatML chat template (``CHATML``), QK-norm,
+             grouped-query attention, a head width of its own
 """
 
 from __future__ import annotations
@@ -230,6 +231,25 @@ def llama(directory: Path, *, vocab: int = 600, seed: int = 0) -> Path:
     return directory
 
 
+# A ChatML chat template (the layout of Qwen's), written for these tests: a default system message,
+# raise_exception on unknown roles, the assistant's turn opened when add_generation_prompt
+CHATML = (
+    "{%- if messages[0].role == 'system' %}"
+    "{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- set turns = messages[1:] %}"
+    "{%- else %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- set turns = messages %}"
+    "{%- endif %}\n"
+    "{%- for message in turns %}\n"
+    "{%- if message.role not in ['user', 'assistant'] %}"
+    "{{ raise_exception('roles must be user or assistant, got ' + message.role) }}"
+    "{%- endif %}\n"
+    "{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
 def qwen3(directory: Path, *, vocab: int = 500, seed: int = 0) -> Path:
     """A Qwen3ForCausalLM (QK-norm, 4 heads of width 16 on a width of 32, 2 key/value heads) with
     Qwen's tokenizer layout: byte-level BPE, specials after the learned pieces, no BOS added."""
@@ -241,6 +261,7 @@ def qwen3(directory: Path, *, vocab: int = 500, seed: int = 0) -> Path:
         tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
         additional_special_tokens=specials[1:])
     fast.add_special_tokens({"eos_token": specials[0]})
+    fast.chat_template = CHATML
     fast.save_pretrained(directory)
     eos = fast.convert_tokens_to_ids(specials[0])
     config = transformers.Qwen3Config(

@@ -299,6 +299,9 @@ def test_generate_options_stop_strings_long_prompts_and_batches(text_file, tmp_p
     out = capsys.readouterr().out
     assert "=== 'All'" in out and "=== 'First Citizen'" in out
 
+    assert main(["generate", str(run_dir), "--chat", "Hello"]) == 1  # characters: no template
+    assert "--chat needs a Hugging Face tokenizer with a chat template" in capsys.readouterr().err
+
     assert main(["generate", str(run_dir), "--prompt", "", "--max-new-tokens", "3"]) == 1
     assert "prompt 1 is empty; leave out --prompt to start from a newline" in \
         capsys.readouterr().err

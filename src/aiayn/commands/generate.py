@@ -1,5 +1,10 @@
 """``aiayn generate RUN_DIR --prompt TEXT``: continue a prompt with a trained language model (a run
-of ``aiayn train lm`` or a Hugging Face GPT-2 / Llama checkpoint directory, with its tokenizer).
+of ``aiayn train lm`` or a Hugging Face GPT-2 / Llama / Mistral / Qwen checkpoint directory, with its
+tokenizer); ``--chat TEXT`` answers a message through the checkpoint's chat template instead.
+
+A checkpoint directory generates as ``transformers``' ``generate`` does with it: it stops at its
+end-of-sequence ids and picks tokens by its ``generation_config.json`` (greedy unless
+``do_sample``; then its temperature, top-k and top-p), each overridden by the options given.
 
 Tokens stream to stdout as they are produced (one prompt), or each continuation is printed once done
 (several prompts, generated together as one left-padded batch). A prompt longer than the model's
@@ -12,9 +17,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from aiayn.commands import engine
 from aiayn.commands.train import device_name, positive_int
+
+if TYPE_CHECKING:
+    from aiayn.decoding.generation import GenerationConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,15 +32,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Continue a prompt with the model of RUN_DIR; tokens stream to stdout.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ('aiayn train lm') or "
-                        "a Hugging Face GPT-2 / Llama checkpoint directory")
+                        "a Hugging Face GPT-2 / Llama / Mistral / Qwen checkpoint directory")
     parser.add_argument("--prompt", action="append", default=None, metavar="TEXT",
                         help="text to continue (repeat for a batch of prompts; default: a newline)")
+    parser.add_argument("--chat", default=None, metavar="TEXT",
+                        help="a user message to answer through the tokenizer's chat template "
+                             "(instruct checkpoints); only the reply is printed")
+    parser.add_argument("--system", default=None, metavar="TEXT",
+                        help="with --chat: a system message before it")
     parser.add_argument("--max-new-tokens", type=positive_int, default=200)
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="0 = greedy (default: 1, or a checkpoint's generation_config.json)")
     parser.add_argument("--top-k", type=positive_int, default=None,
-                        help="sample from the k likeliest")
-    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+                        help="sample from the k likeliest (default: all, or a checkpoint's)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="nucleus sampling mass (default: off, or a checkpoint's)")
     parser.add_argument("--greedy", action="store_true", help="always the likeliest token")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="a checkpoint: go on past its end-of-sequence tokens")
     parser.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
     parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
                         help="stop a continuation at this string (repeatable; not printed)")
@@ -93,30 +111,68 @@ class Continuation:
         return len(tokens) - (pending(tokens) if pending else 0)
 
 
+def generation_config(args: argparse.Namespace, checkpoint) -> "GenerationConfig":
+    """The options, over a checkpoint's own settings (``CheckpointGeneration``; None for a run of
+    ``aiayn train lm``, whose default is sampling at temperature 1 from every token)."""
+    from aiayn.decoding.generation import GenerationConfig
+    from aiayn.interop.hf_generation import CheckpointGeneration
+
+    given = [args.temperature, args.top_k, args.top_p]
+    own = checkpoint or CheckpointGeneration(sample=True, top_k=None)
+    sample = any(value is not None for value in given) or own.sample
+    return GenerationConfig(
+        max_new_tokens=args.max_new_tokens, greedy=args.greedy or not sample,
+        temperature=own.temperature if args.temperature is None else args.temperature,
+        top_k=own.top_k if args.top_k is None else args.top_k,
+        top_p=own.top_p if args.top_p is None else args.top_p, seed=args.seed,
+        stop_ids=() if args.ignore_eos else own.stop_ids, slide=not args.no_slide)
+
+
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     import torch
 
     from aiayn.data.text import CharVocabulary
-    from aiayn.decoding.generation import GenerationConfig
-    from aiayn.tasks.checkpoints import load_model_dir
+    from aiayn.interop.hf_generation import read_generation_settings
+    from aiayn.tasks.checkpoints import TextTokenizer, load_model_dir
+    from aiayn.training.run import RUN_FILE
 
     # Checked before the model loads or anything is printed.
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, greedy=args.greedy,
-                              seed=args.seed, slide=not args.no_slide)
+    if args.chat is not None and args.prompt:
+        raise ValueError("give --prompt (text to continue) or --chat (a message to answer), "
+                         "not both")
+    if args.system is not None and args.chat is None:
+        raise ValueError("--system goes with --chat")
+    if args.chat == "" or args.system == "":
+        raise ValueError("--chat and --system messages must not be empty")
+    checkpoint = None
+    if not (Path(args.run_dir) / RUN_FILE).is_file() and Path(args.run_dir).is_dir():
+        checkpoint = read_generation_settings(args.run_dir)
+        for setting in checkpoint.unsupported:
+            print(f"aiayn generate: warning: {args.run_dir}'s generation_config.json sets "
+                  f"{setting}, which aiayn does not apply", file=sys.stderr)
+    config = generation_config(args, checkpoint)
     if args.threads:
         torch.set_num_threads(args.threads)
     run_ = load_model_dir(args.run_dir, task="lm")
     vocabulary, context = run_.assets, run_.model_config.max_length
+    if args.chat is not None and not isinstance(vocabulary, TextTokenizer):
+        raise ValueError(f"{args.run_dir}: --chat needs a Hugging Face tokenizer with a chat "
+                         f"template; this run's vocabulary has none")
     inference = engine.engine(run_.model.to(torch.device(args.device)), args)
     stops = StopStrings(args.stop)
-    prompts = args.prompt or ["\n"]
+    prompts = [args.chat] if args.chat is not None else (args.prompt or ["\n"])
     rows = []
     for number, prompt in enumerate(prompts, start=1):
         if not prompt:
             raise ValueError(f"prompt {number} is empty; leave out --prompt to start from a "
                              f"newline")
-        ids = vocabulary.encode(prompt, source=f"prompt {number}")
+        if args.chat is not None:
+            messages = [{"role": "system", "content": args.system}] if args.system else []
+            ids = vocabulary.encode_chat(messages + [{"role": "user", "content": args.chat}])
+        else:
+            ids = vocabulary.encode(prompt, source=f"prompt {number}")
         if len(ids) > context:
             unit = "characters" if isinstance(vocabulary, CharVocabulary) else "tokens"
             print(f"aiayn generate: warning: prompt {number} has {len(ids)} {unit}, more than "
@@ -147,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     def stop(row: int, tokens: list[int]) -> bool:
         return stops.cut(continuations[row].text(tokens)) is not None
 
-    if stream:
+    if stream and args.chat is None:  # a chat prints the reply alone
         sys.stdout.write(prompts[0])
         sys.stdout.flush()
     result = inference.generate(rows, config, stop=stop if args.stop else None,
@@ -161,6 +217,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             if len(rows) > 1:
                 sys.stdout.write(f"=== {prompts[index]!r}\n")
-            sys.stdout.write(prompts[index] + text + "\n")
+            sys.stdout.write((prompts[index] if args.chat is None else "") + text + "\n")
     sys.stdout.flush()
     return 0

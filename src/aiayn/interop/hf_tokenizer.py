@@ -17,7 +17,8 @@ from typing import Any
 
 # Every file a tokenizer may be made of; ``copy_tokenizer_files`` carries them into a run directory.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                   "vocab.json", "merges.txt", "source.spm", "target.spm", "target_vocab.json")
+                   "vocab.json", "merges.txt", "source.spm", "target.spm", "target_vocab.json",
+                   "chat_template.jinja")
 SPECIAL_TOKENS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token",
                   "eos_token")
 

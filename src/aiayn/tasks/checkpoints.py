@@ -62,6 +62,26 @@ class TextTokenizer:
     def encode(self, text: str, *, source: str = "text") -> list[int]:
         return self.tokenizer.encode(text)
 
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The ids of a conversation laid out by the tokenizer's chat template, ending with the
+        opening of the assistant's turn: ``transformers``' ``apply_chat_template(messages,
+        add_generation_prompt=True)`` (the template writes the special tokens itself).
+
+        Raises:
+            ValueError: the tokenizer has no chat template, or the template fails.
+        """
+        from aiayn.interop.hf_generation import chat_template, render_chat
+
+        template = chat_template(self.directory)
+        if template is None:
+            raise ValueError(f"{self.directory}: the tokenizer has no chat template "
+                             f"(chat_template.jinja or tokenizer_config.json's chat_template); "
+                             f"use --prompt for a model that continues text")
+        specials = {name: self.tokenizer.id_to_token(index)
+                    for name, index in self.tokenizer.special_ids.items()}
+        text = render_chat(template, messages, special_tokens=specials)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids])
 

@@ -1,0 +1,152 @@
+"""What a Hugging Face checkpoint directory says about generating text, read as ``transformers``
+reads it: the end tokens and sampling settings of ``generation_config.json`` (else ``config.json``),
+and the chat template of its tokenizer (``chat_template.jinja``, else ``tokenizer_config.json``'s
+``chat_template``), rendered in a sandbox because templates come with downloaded files.
+
+``transformers``' ``generate`` stops at every id of ``eos_token_id`` (Llama 3 Instruct lists three,
+Qwen2.5 Instruct two: the end of a turn is one of them), picks greedily unless ``do_sample``, and
+samples with ``top_k`` 50 unless told otherwise; ``CheckpointGeneration`` holds the same.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GENERATION_FILE = "generation_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+HF_TOP_K = 50  # transformers' GenerationConfig default, used when sampling without a top_k
+# Settings of transformers' generate that aiayn's sampler does not have, and their neutral values
+NEUTRAL = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": None, "typical_p": 1.0,
+           "num_beams": 1, "length_penalty": 1.0, "encoder_repetition_penalty": 1.0}
+
+
+@dataclass(frozen=True)
+class CheckpointGeneration:
+    """A checkpoint's own generation settings.
+
+    Attributes:
+        stop_ids: every end-of-sequence id (generation_config.json's ``eos_token_id``, one or many).
+        sample: ``do_sample``; False: greedy.
+        temperature, top_k, top_p: the sampling settings (top_p None: off).
+        unsupported: settings aiayn does not apply, as "name=value" (e.g. a repetition penalty).
+    """
+
+    stop_ids: tuple[int, ...] = ()
+    sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = HF_TOP_K
+    top_p: float | None = None
+    unsupported: tuple[str, ...] = ()
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must be a JSON object")
+    return data
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    values = value if isinstance(value, list) else [value]
+    return tuple(v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+
+
+def read_generation_settings(directory: str | Path) -> CheckpointGeneration:
+    """The generation settings of a checkpoint directory (defaults where it has none).
+
+    Raises:
+        ValueError: generation_config.json is not a JSON object or holds an impossible value.
+    """
+    directory = Path(directory)
+    path = directory / GENERATION_FILE
+    settings = _read(path)
+    if not settings:
+        path, model = directory / "config.json", _read(directory / "config.json")
+        settings = {"eos_token_id": model.get("eos_token_id")}
+    temperature = settings.get("temperature", 1.0)
+    top_k, top_p = settings.get("top_k", HF_TOP_K), settings.get("top_p", 1.0)
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"{path}: temperature must be a number >= 0, got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 0):
+        raise ValueError(f"{path}: top_k must be an integer >= 0, got {top_k!r}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"{path}: top_p must be in (0, 1], got {top_p!r}")
+    unsupported = tuple(f"{name}={settings[name]!r}" for name, neutral in NEUTRAL.items()
+                        if settings.get(name, neutral) not in (neutral, None))
+    return CheckpointGeneration(
+        stop_ids=_ids(settings.get("eos_token_id")), sample=bool(settings.get("do_sample", False)),
+        temperature=float(temperature), top_k=top_k or None,  # transformers: 0 turns top-k off
+        top_p=None if top_p in (None, 1, 1.0) else float(top_p), unsupported=unsupported)
+
+
+def chat_template(directory: str | Path) -> str | None:
+    """The tokenizer's chat template: ``chat_template.jinja``, else ``tokenizer_config.json``'s
+    ``chat_template`` (a string, or a list of named templates: the one named "default")."""
+    directory = Path(directory)
+    if (directory / CHAT_TEMPLATE_FILE).is_file():
+        return (directory / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+    template = _read(directory / "tokenizer_config.json").get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def render_chat(template: str, messages: list[dict[str, str]], *,
+                special_tokens: dict[str, str], add_generation_prompt: bool = True) -> str:
+    """The text of a conversation as the checkpoint's template lays it out, with the opening of the
+    assistant's turn when ``add_generation_prompt``: what ``transformers``'
+    ``apply_chat_template(tokenize=False)`` returns. The template runs in Jinja's immutable sandbox
+    with transformers' settings (trim_blocks, lstrip_blocks, loop controls) and helpers
+    (``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-ASCII text).
+
+    Raises:
+        ValueError: the template does not parse or raises (``raise_exception``, e.g. for roles it
+            does not know).
+    """
+    from datetime import datetime
+
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    version = tuple(int(part) for part in jinja2.__version__.split(".")[:3] if part.isdigit())
+    if version < (3, 1, 6):  # as transformers: older sandboxes have known escapes
+        raise ValueError(f"chat templates need jinja2 >= 3.1.6 (older versions have sandbox "
+                         f"escapes), found {jinja2.__version__}: pip install -U jinja2")
+
+    def raise_exception(message: str):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    class Generation(jinja2.ext.Extension):
+        """transformers' ``{% generation %}...{% endgeneration %}`` marks the assistant's text for
+        training masks; rendered, it is its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", Generation])
+    environment.filters["tojson"] = tojson
+    environment.globals.update(raise_exception=raise_exception,
+                               strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    try:
+        return environment.from_string(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **special_tokens)
+    except jinja2.exceptions.TemplateError as error:
+        raise ValueError(f"the chat template failed: {error}") from None
