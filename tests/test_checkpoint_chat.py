@@ -63,13 +63,16 @@ def copy_with(directory, tmp_path, **generation) -> str:
 
 def test_generation_settings_read_as_transformers_reads_them(qwen, tmp_path):
     directory = copy_with(qwen, tmp_path, eos_token_id=[5, 7, 9], do_sample=True,
-                          temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
+                          temperature=0.7, top_k=20, top_p=0.8, min_p=0.05,
+                          repetition_penalty=1.05, no_repeat_ngram_size=3)
     ours = read_generation_settings(directory)
     theirs = transformers.GenerationConfig.from_pretrained(directory)
     assert ours.stop_ids == tuple(theirs.eos_token_id) == (5, 7, 9)
-    assert (ours.sample, ours.temperature, ours.top_k, ours.top_p) == \
-        (theirs.do_sample, theirs.temperature, theirs.top_k, theirs.top_p) == (True, 0.7, 20, 0.8)
-    assert ours.unsupported == ("repetition_penalty=1.05",)
+    fields = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+    assert [getattr(ours, name) for name in fields] == [getattr(theirs, name) for name in fields] \
+        == [0.7, 20, 0.8, 0.05, 1.05]
+    assert ours.sample == theirs.do_sample is True
+    assert ours.unsupported == ("no_repeat_ngram_size=3",)
     (tmp_path / "checkpoint" / "generation_config.json").unlink()  # then config.json's eos
     plain = read_generation_settings(directory)
     eos = json.loads((qwen / "config.json").read_text())["eos_token_id"]
@@ -80,23 +83,26 @@ def test_generation_settings_read_as_transformers_reads_them(qwen, tmp_path):
 
 def test_options_override_the_checkpoints_settings_one_by_one():
     own = CheckpointGeneration(stop_ids=(2, 3), sample=False, temperature=0.7, top_k=20,
-                               top_p=0.8)
+                               top_p=0.8, min_p=0.05, repetition_penalty=1.05)
+    defaults = dict(temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None,
+                    greedy=False, ignore_eos=False, max_new_tokens=10, seed=None, no_slide=False)
 
-    def config(**options):
-        defaults = dict(temperature=None, top_k=None, top_p=None, greedy=False,
-                        ignore_eos=False, max_new_tokens=10, seed=None, no_slide=False)
-        return generation_config(argparse.Namespace(**{**defaults, **options}), own)
+    def config(checkpoint=own, **options):
+        return generation_config(argparse.Namespace(**{**defaults, **options}), checkpoint)
 
-    assert config().picks_greedily and config().stop_ids == (2, 3)  # not do_sample: greedy
+    greedy = config()  # not do_sample: greedy, with the checkpoint's penalty and end ids
+    assert greedy.picks_greedily and greedy.stop_ids == (2, 3)
+    assert greedy.repetition_penalty == 1.05
     sampled = config(temperature=0.9)  # an option asks for sampling; the rest are the checkpoint's
     assert not sampled.picks_greedily
-    assert (sampled.temperature, sampled.top_k, sampled.top_p) == (0.9, 20, 0.8)
+    assert (sampled.temperature, sampled.top_k, sampled.top_p, sampled.min_p) == \
+        (0.9, 20, 0.8, 0.05)
+    assert config(repetition_penalty=1.0).repetition_penalty == 1.0
     assert config(ignore_eos=True).stop_ids == ()
     assert config(top_k=5, greedy=True).picks_greedily
-    run = generation_config(argparse.Namespace(
-        temperature=None, top_k=None, top_p=None, greedy=False, ignore_eos=False,
-        max_new_tokens=10, seed=None, no_slide=False), None)
+    run = config(None)  # a run of aiayn train lm: sampling at 1 from every token, no end id
     assert (run.picks_greedily, run.temperature, run.top_k, run.stop_ids) == (False, 1.0, None, ())
+    assert (run.min_p, run.repetition_penalty) == (None, 1.0)
 
 
 def test_generate_stops_where_transformers_stops_at_any_end_id(qwen, tmp_path):

@@ -1,5 +1,7 @@
 """Greedy decoding with aiayn's static KV cache equals Hugging Face ``generate`` token for token
-(GPT-2 and Marian, 50 new tokens, weights copied through save_pretrained/from_pretrained)."""
+(GPT-2 and Marian, 50 new tokens, weights copied through save_pretrained/from_pretrained), also
+with a repetition penalty on left-padded prompts; the repetition penalty and min-p filter equal
+transformers' logits processors."""
 
 import pytest
 import torch
@@ -65,3 +67,50 @@ def test_marian_greedy_matches_generate(tmp_path, fields):
         assert got.tolist() == expected.tolist()
         lengths.append(got.shape[1] - 1)
     assert NEW_TOKENS in lengths  # at least one source decoded the full 50 tokens
+
+
+def test_greedy_with_a_repetition_penalty_matches_generate_on_left_padded_prompts(tmp_path):
+    from aiayn.decoding.generation import generate
+
+    vocab = 97
+    config = transformers.GPT2Config(vocab_size=vocab, n_positions=80, n_embd=32, n_head=4,
+                                     n_layer=2, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    randomise(hf, std=0.3)
+    hf.save_pretrained(tmp_path)
+    ours = aiayn.from_pretrained(tmp_path, pad_id=0)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, vocab, (n,), generator=generator).tolist() for n in (7, 3, 5)]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.arange(width) >= width - torch.tensor([7, 3, 5])[:, None]  # True = real
+    positions = (mask.long().cumsum(1) - 1).clamp(min=0)
+    results = {}
+    for penalty in (1.0, 1.5):
+        with torch.no_grad():
+            out = hf.generate(ids, attention_mask=mask.long(), position_ids=positions,
+                              do_sample=False, num_beams=1, max_new_tokens=NEW_TOKENS,
+                              min_new_tokens=NEW_TOKENS, repetition_penalty=penalty,
+                              pad_token_id=0)
+        want = out[:, width:].tolist()
+        got = generate(ours, prompts, max_new_tokens=NEW_TOKENS, greedy=True,
+                       repetition_penalty=penalty).tokens
+        assert got == want, penalty
+        results[penalty] = want
+    assert results[1.0] != results[1.5]  # the penalty changes what is generated
+
+
+@pytest.mark.parametrize("min_p", [0.05, 0.3])
+def test_the_penalty_and_min_p_equal_transformers_processors(min_p):
+    logits_process = pytest.importorskip("transformers.generation.logits_process")
+    if not hasattr(logits_process, "MinPLogitsWarper"):
+        pytest.skip(f"transformers {transformers.__version__} has no min-p")
+    from aiayn.decoding.sampling import filter_logits, penalise_repeats
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=generator) * 3
+    seen = torch.randint(0, 50, (4, 12), generator=generator)
+    want = logits_process.RepetitionPenaltyLogitsProcessor(1.3)(seen, logits.clone())
+    torch.testing.assert_close(penalise_repeats(logits, seen, 1.3), want, rtol=0, atol=0)
+    warped = logits_process.MinPLogitsWarper(min_p)(seen, logits.clone())
+    assert torch.equal(filter_logits(logits, min_p=min_p).isinf(), warped.isinf())

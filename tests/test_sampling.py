@@ -60,6 +60,21 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p():
     assert filter_logits(logits, top_p=1.0).isfinite().all()
 
 
+def test_min_p_keeps_the_tokens_at_least_that_fraction_as_likely_as_the_top():
+    probs = torch.tensor([[0.5, 0.3, 0.12, 0.05, 0.03]])  # min_p 0.2: floor 0.1
+    kept = filter_logits(probs.log(), min_p=0.2).isfinite()
+    assert kept.tolist() == [[True, True, True, False, False]]
+    assert filter_logits(probs.log(), min_p=1.0).isfinite().sum() == 1  # the top always stays
+
+
+def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    from aiayn.decoding.sampling import penalise_repeats
+
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    got = penalise_repeats(logits, torch.tensor([[0, 1, 1]]), 2.0)  # a repeat counts once
+    assert got.tolist() == [[1.0, -2.0, 0.5, 3.0]]
+
+
 def test_sampling_never_leaves_the_top_k_and_top_p_sets():
     generator = torch.Generator().manual_seed(3)
     logits = torch.randn(1, 50, generator=generator).repeat(4000, 1)  # (4000, V): many draws
@@ -241,6 +256,10 @@ def test_bad_arguments_are_clear_errors():
         generate(model, [1], max_new_tokens=2, top_p=0.0)
     with pytest.raises(ValueError, match="top_k"):
         generate(model, [1], max_new_tokens=2, top_k=0)
+    with pytest.raises(ValueError, match="min_p must be in"):
+        generate(model, [1], max_new_tokens=2, min_p=1.5)
+    with pytest.raises(ValueError, match="repetition_penalty must be > 0"):
+        generate(model, [1], max_new_tokens=2, repetition_penalty=0.0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, [1], max_new_tokens=0)
     with pytest.raises(ValueError, match="prompt 1 is empty"):

@@ -4,7 +4,8 @@ tokenizer); ``--chat TEXT`` answers a message through the checkpoint's chat temp
 
 A checkpoint directory generates as ``transformers``' ``generate`` does with it: it stops at its
 end-of-sequence ids and picks tokens by its ``generation_config.json`` (greedy unless
-``do_sample``; then its temperature, top-k and top-p), each overridden by the options given.
+``do_sample``; then its temperature, top-k, top-p and min-p; its repetition penalty either way),
+each overridden by the option given.
 
 Tokens stream to stdout as they are produced (one prompt), or each continuation is printed once done
 (several prompts, generated together as one left-padded batch). A prompt longer than the model's
@@ -47,6 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="sample from the k likeliest (default: all, or a checkpoint's)")
     parser.add_argument("--top-p", type=float, default=None,
                         help="nucleus sampling mass (default: off, or a checkpoint's)")
+    parser.add_argument("--min-p", type=float, default=None,
+                        help="sample from tokens at least this fraction as likely as the "
+                             "likeliest (default: off, or a checkpoint's)")
+    parser.add_argument("--repetition-penalty", type=float, default=None,
+                        help="> 1 makes tokens already in the text less likely, greedy or sampled "
+                             "(default: 1 = off, or a checkpoint's)")
     parser.add_argument("--greedy", action="store_true", help="always the likeliest token")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="a checkpoint: go on past its end-of-sequence tokens")
@@ -117,14 +124,18 @@ def generation_config(args: argparse.Namespace, checkpoint) -> "GenerationConfig
     from aiayn.decoding.generation import GenerationConfig
     from aiayn.interop.hf_generation import CheckpointGeneration
 
-    given = [args.temperature, args.top_k, args.top_p]
+    given = [args.temperature, args.top_k, args.top_p, args.min_p]
     own = checkpoint or CheckpointGeneration(sample=True, top_k=None)
     sample = any(value is not None for value in given) or own.sample
+
+    def option(name: str):
+        value = getattr(args, name)
+        return getattr(own, name) if value is None else value
+
     return GenerationConfig(
         max_new_tokens=args.max_new_tokens, greedy=args.greedy or not sample,
-        temperature=own.temperature if args.temperature is None else args.temperature,
-        top_k=own.top_k if args.top_k is None else args.top_k,
-        top_p=own.top_p if args.top_p is None else args.top_p, seed=args.seed,
+        temperature=option("temperature"), top_k=option("top_k"), top_p=option("top_p"),
+        min_p=option("min_p"), repetition_penalty=option("repetition_penalty"), seed=args.seed,
         stop_ids=() if args.ignore_eos else own.stop_ids, slide=not args.no_slide)
 
 

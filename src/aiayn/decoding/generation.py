@@ -1,7 +1,7 @@
 """Autoregressive generation from a decoder-only model on the static KV cache.
 
 One prefill of the (left-padded) prompts, then one token per step (``aiayn.decoding.sampling`` picks
-it): greedy, temperature, top-k and top-p sampling, stop token ids, a host-side stop test (e.g. stop
+it): greedy, temperature, top-k, top-p and min-p sampling, a repetition penalty, stop token ids, a host-side stop test (e.g. stop
 strings), a seeded generator, batched prompts of different lengths, and a per-step streaming callback.
 What to generate is a ``GenerationConfig``; how the model runs is a ``Steps`` object (plain calls of
 ``decode_step`` by default; ``aiayn.fast`` passes compiled steps or CUDA graphs).
@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from aiayn.decoding.sampling import next_tokens
+from aiayn.decoding.sampling import next_tokens, penalise_repeats
 from aiayn.models.modes import evaluating
 
 StepCallback = Callable[[int, Tensor, Tensor], None]
@@ -49,9 +49,12 @@ class GenerationConfig:
 
     Fields:
         max_new_tokens: tokens to add per prompt at most.
-        greedy: take the most likely token (ignores temperature, top_k, top_p and the seed).
+        greedy: take the most likely token (ignores temperature, top_k, top_p, min_p and the seed).
         temperature: divides the logits; 0 means greedy.
         top_k / top_p: sample only from the k most likely tokens / from the nucleus of mass p.
+        min_p: sample only from tokens at least min_p times as likely as the likeliest.
+        repetition_penalty: > 1 makes every token already in the row (prompt, its padding and what
+            was generated) less likely, greedy or sampled, as ``transformers`` does; 1: off.
         seed: seeds a fresh random stream for sampling: the same seed, prompts and settings give
             the same tokens (None: torch's global stream, or the ``generator`` passed).
         stop_ids: token ids that end a row (e.g. eos); checked on the device.
@@ -66,6 +69,8 @@ class GenerationConfig:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
     seed: int | None = None
     stop_ids: tuple[int, ...] = ()
     check_every: int = 8
@@ -92,6 +97,13 @@ class GenerationConfig:
         if self.top_p is not None and not (isinstance(self.top_p, (int, float))
                                            and 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
+        if self.min_p is not None and not (isinstance(self.min_p, (int, float))
+                                           and 0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1] or None, got {self.min_p!r}")
+        if not (isinstance(self.repetition_penalty, (int, float))
+                and not isinstance(self.repetition_penalty, bool) and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got "
+                             f"{self.repetition_penalty!r}")
         if not _positive_int(self.check_every):
             raise ValueError(f"check_every must be a positive integer, got {self.check_every!r}")
         if self.context is not None and not (_positive_int(self.context) and self.context > 1):
@@ -261,8 +273,10 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
         produced = 0
         for index in range(new):
             column = width + index
+            if config.repetition_penalty != 1.0:
+                logits = penalise_repeats(logits, sequence[:, :column], config.repetition_penalty)
             token = next_tokens(logits, greedy=greedy, temperature=config.temperature,
-                                top_k=config.top_k, top_p=config.top_p,
+                                top_k=config.top_k, top_p=config.top_p, min_p=config.min_p,
                                 generator=generator)  # (B,)
             if can_stop:  # rows that stopped keep writing pad (no row stops otherwise)
                 token = token.masked_fill(finished, pad_id)

@@ -19,7 +19,7 @@ GENERATION_FILE = "generation_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 HF_TOP_K = 50  # transformers' GenerationConfig default, used when sampling without a top_k
 # Settings of transformers' generate that aiayn's sampler does not have, and their neutral values
-NEUTRAL = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": None, "typical_p": 1.0,
+NEUTRAL = {"no_repeat_ngram_size": 0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
            "num_beams": 1, "length_penalty": 1.0, "encoder_repetition_penalty": 1.0}
 
 
@@ -30,8 +30,9 @@ class CheckpointGeneration:
     Attributes:
         stop_ids: every end-of-sequence id (generation_config.json's ``eos_token_id``, one or many).
         sample: ``do_sample``; False: greedy.
-        temperature, top_k, top_p: the sampling settings (top_p None: off).
-        unsupported: settings aiayn does not apply, as "name=value" (e.g. a repetition penalty).
+        temperature, top_k, top_p, min_p: the sampling settings (top_p, min_p None: off).
+        repetition_penalty: applied greedy or sampled (1: off).
+        unsupported: settings aiayn does not apply, as "name=value" (e.g. beams).
     """
 
     stop_ids: tuple[int, ...] = ()
@@ -39,6 +40,8 @@ class CheckpointGeneration:
     temperature: float = 1.0
     top_k: int | None = HF_TOP_K
     top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
     unsupported: tuple[str, ...] = ()
 
 
@@ -79,12 +82,19 @@ def read_generation_settings(directory: str | Path) -> CheckpointGeneration:
         raise ValueError(f"{path}: top_k must be an integer >= 0, got {top_k!r}")
     if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
         raise ValueError(f"{path}: top_p must be in (0, 1], got {top_p!r}")
+    min_p, penalty = settings.get("min_p"), settings.get("repetition_penalty", 1.0)
+    if min_p is not None and not (isinstance(min_p, (int, float)) and 0 <= min_p <= 1):
+        raise ValueError(f"{path}: min_p must be in [0, 1], got {min_p!r}")
+    penalty = 1.0 if penalty is None else penalty
+    if not isinstance(penalty, (int, float)) or penalty <= 0:
+        raise ValueError(f"{path}: repetition_penalty must be > 0, got {penalty!r}")
     unsupported = tuple(f"{name}={settings[name]!r}" for name, neutral in NEUTRAL.items()
                         if settings.get(name, neutral) not in (neutral, None))
     return CheckpointGeneration(
         stop_ids=_ids(settings.get("eos_token_id")), sample=bool(settings.get("do_sample", False)),
         temperature=float(temperature), top_k=top_k or None,  # transformers: 0 turns top-k off
-        top_p=None if top_p in (None, 1, 1.0) else float(top_p), unsupported=unsupported)
+        top_p=None if top_p in (None, 1, 1.0) else float(top_p), min_p=min_p or None,
+        repetition_penalty=float(penalty), unsupported=unsupported)
 
 
 def chat_template(directory: str | Path) -> str | None:
