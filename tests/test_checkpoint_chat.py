@@ -113,11 +113,14 @@ def test_generate_stops_where_transformers_stops_at_any_end_id(qwen, tmp_path):
     eos = json.loads((qwen / "config.json").read_text())["eos_token_id"]
     stop = long_ids[6]
     directory = copy_with(qwen, tmp_path, eos_token_id=[eos, stop])
-    short_ids, short_text = hf_reply(directory, ids)
+    short_ids, _ = hf_reply(directory, ids)
     assert short_ids[-1] == stop and len(short_ids) <= 7
-    result = run_cli(directory, "--prompt", PROMPT, "--max-new-tokens", "20")
-    assert result.returncode == 0, result.stderr.decode()
-    assert result.stdout.decode() == PROMPT + short_text + "\n"
+    # the end token is not printed (a real one, special, decodes to nothing in transformers too)
+    short_text = tokenizer.decode(short_ids[:-1], skip_special_tokens=True)
+    for stream in ([], ["--no-stream"]):
+        result = run_cli(directory, "--prompt", PROMPT, "--max-new-tokens", "20", *stream)
+        assert result.returncode == 0, result.stderr.decode()
+        assert result.stdout.decode() == PROMPT + short_text + "\n"
     result = run_cli(directory, "--prompt", PROMPT, "--max-new-tokens", "20", "--ignore-eos")
     assert result.stdout.decode() == PROMPT + long_text + "\n"
 
@@ -218,3 +221,28 @@ def test_chat_without_a_template_says_so(qwen, tmp_path):
     result = run_cli(str(directory), "--chat", "hi")
     assert result.returncode != 0
     assert "the tokenizer has no chat template" in result.stderr.decode()
+
+
+def test_a_run_fine_tuned_from_a_checkpoint_keeps_its_generation_settings(qwen, tmp_path):
+    """``aiayn train lm --init`` copies generation_config.json with the tokenizer: the run decodes
+    greedily (the checkpoint's setting) and stops at the checkpoint's end ids."""
+    from aiayn.cli import main
+    from aiayn.decoding.generation import generate
+
+    run_dir = tmp_path / "run"
+    data = builders.DATA / "shakespeare_tiny.txt.gz"
+    assert main(["train", "lm", "--init", str(qwen), "--data", str(data), "--out", str(run_dir),
+                 "--steps", "2", "--eval-every", "0", "--block-size", "32", "--batch-size", "2",
+                 "--no-progress", "--threads", "1"]) == 0
+    settings = run_dir / "pretrained_tokenizer" / "generation_config.json"
+    assert settings.is_file()
+    run = load_model_dir(run_dir, task="lm")
+    ids = run.assets.encode(PROMPT)
+    free = generate(run.model, [ids], max_new_tokens=20, greedy=True).tokens[0]
+    stop = free[4]
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "eos_token_id": [stop]}))
+    cut = free[:free.index(stop)]
+    for stream in ([], ["--no-stream"]):
+        result = run_cli(str(run_dir), "--prompt", PROMPT, "--max-new-tokens", "20", *stream)
+        assert result.returncode == 0, result.stderr.decode()
+        assert result.stdout.decode() == run.assets.decode(ids + cut) + "\n"

@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "(translation: sacreBLEU and chrF of beam or greedy output). Prints one JSON "
                     "line.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by 'aiayn train', or "
-                        "a Hugging Face checkpoint directory (Marian, BART, T5, GPT-2, Llama, BERT)")
+                        "a Hugging Face checkpoint directory (Marian, BART, T5, GPT-2, Llama, "
+                        "Mistral, Qwen, BERT)")
     parser.add_argument("--data", required=True, nargs="+", metavar="PATH",
                         help="evaluation data in the task's format (translation: a TSV, or a "
                              "source and a target file)")

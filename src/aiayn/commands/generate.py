@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.data.text import CharVocabulary
-    from aiayn.interop.hf_generation import read_generation_settings
+    from aiayn.interop.hf_generation import GENERATION_FILE, read_generation_settings
     from aiayn.tasks.checkpoints import TextTokenizer, load_model_dir
     from aiayn.training.run import RUN_FILE
 
@@ -157,17 +157,22 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--system goes with --chat")
     if args.chat == "" or args.system == "":
         raise ValueError("--chat and --system messages must not be empty")
-    checkpoint = None
-    if not (Path(args.run_dir) / RUN_FILE).is_file() and Path(args.run_dir).is_dir():
-        checkpoint = read_generation_settings(args.run_dir)
-        for setting in checkpoint.unsupported:
-            print(f"aiayn generate: warning: {args.run_dir}'s generation_config.json sets "
-                  f"{setting}, which aiayn does not apply", file=sys.stderr)
-    config = generation_config(args, checkpoint)
+    generation_config(args, None)  # the options' own values (e.g. --top-p 2) are checked now
     if args.threads:
         torch.set_num_threads(args.threads)
     run_ = load_model_dir(args.run_dir, task="lm")
     vocabulary, context = run_.assets, run_.model_config.max_length
+    # A checkpoint's settings: its own directory's, or those a run fine-tuned from it copied
+    settings = Path(args.run_dir) if not (Path(args.run_dir) / RUN_FILE).is_file() else \
+        getattr(vocabulary, "directory", None)
+    checkpoint = None
+    if settings is not None and (not (Path(args.run_dir) / RUN_FILE).is_file()
+                                 or (settings / GENERATION_FILE).is_file()):
+        checkpoint = read_generation_settings(settings)
+        for setting in checkpoint.unsupported:
+            print(f"aiayn generate: warning: {settings / GENERATION_FILE} sets {setting}, which "
+                  f"aiayn does not apply", file=sys.stderr)
+    config = generation_config(args, checkpoint)
     if args.chat is not None and not isinstance(vocabulary, TextTokenizer):
         raise ValueError(f"{args.run_dir}: --chat needs a Hugging Face tokenizer with a chat "
                          f"template; this run's vocabulary has none")
@@ -197,8 +202,8 @@ def run(args: argparse.Namespace) -> int:
     shown, done = [0], [False]
 
     def on_step(step: int, tokens, finished) -> None:
-        if done[0]:  # the stop string is out; the generator notices at its next check
-            return
+        if done[0] or bool(finished[0]):  # a stop string is out, or the row stopped at an end
+            return  # id: the end token is not shown (the final text leaves it out too)
         # The whole continuation decoded again: a subword tokenizer's bytes of one character can
         # span tokens (held back while incomplete, shown as U+FFFD by the decoder).
         streamed.append(int(tokens[0]))

@@ -15,10 +15,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-# Every file a tokenizer may be made of; ``copy_tokenizer_files`` carries them into a run directory.
+# Every file a tokenizer may be made of; ``copy_tokenizer_files`` carries them into a run directory,
+# with the checkpoint's generation settings (a run fine-tuned from it generates as it did).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "vocab.json", "merges.txt", "source.spm", "target.spm", "target_vocab.json",
-                   "chat_template.jinja")
+                   "chat_template.jinja", "generation_config.json")
 SPECIAL_TOKENS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token",
                   "eos_token")
 
