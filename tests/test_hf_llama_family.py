@@ -1,9 +1,11 @@
 """The Llama-shaped families load into the same ``CausalLM`` and equal Hugging Face's classes built
 from configs (random weights, no download): Mistral (a sliding window), Qwen2 (biases on q, k, v
-only: ``qkv_bias``), Qwen3 (RMSNorm on each head's q and k: ``qk_norm``). Logits within 1e-4 with
+only: ``qkv_bias``), Qwen3 (RMSNorm on each head's q and k: ``qk_norm``), and their sliding windows
+(``sliding_window``, ``sliding_window_layers``). Logits within 1e-4 with
 right and left padding, fused and separate projections; round trips through ``save_pretrained``
-that transformers loads as the same class; 50 greedy tokens equal HF ``generate``; a sliding window
-shorter than the context caps ``max_length``; what a family cannot express is refused."""
+that transformers loads as the same class; 50 greedy tokens equal HF ``generate``; sliding windows
+(every layer, or some) past the window, padded and generating; what a family cannot express is
+refused."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 import aiayn
 from aiayn.decoding.generation import generate
 from aiayn.interop.hf import from_transformers
-from hf_helpers import randomise
+from hf_helpers import needs_transformers_5, randomise
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -118,27 +120,65 @@ def test_fifty_greedy_tokens_of_left_padded_prompts_equal_hf_generate(family):
     assert len({tuple(row) for row in want}) == 3
 
 
-@pytest.mark.parametrize("family, fields", [
-    pytest.param("mistral", dict(sliding_window=16), marks=ALL[0].marks),
-    pytest.param("qwen2", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0),
-                 marks=ALL[1].marks),
-])
-def test_a_sliding_window_shorter_than_the_context_caps_max_length(family, fields):
-    """Within the window, sliding changes nothing: equal logits at 16 positions, a clear error at
-    17, where HF's window would start to drop keys."""
+WINDOWS = [  # a window of 8 over 40 positions; Qwen's on layer 1 alone (max_window_layers=1)
+    pytest.param("mistral", dict(sliding_window=8), None, marks=ALL[0].marks, id="mistral"),
+    pytest.param("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
+                 [1], marks=ALL[1].marks, id="qwen2-layer-1"),
+    pytest.param("qwen3", dict(use_sliding_window=True, sliding_window=8, max_window_layers=0),
+                 None, marks=ALL[2].marks, id="qwen3-all"),
+]
+
+
+@needs_transformers_5("4.40's SDPA mask gives padded rows another sliding window than unpadded "
+                      "ones (an unpadded batch matches)")
+@pytest.mark.parametrize("family, fields, layers", WINDOWS)
+def test_a_sliding_window_matches_hf_past_the_window(family, fields, layers):
+    """Logits at 40 positions with right and left padding (the window counts cache slots, padding
+    included, as transformers counts them), and 50 greedy tokens of left-padded prompts."""
+    hf = hf_model(family, std=0.3, **fields)
+    ours = from_transformers(hf)
+    assert (ours.config.sliding_window, ours.config.sliding_window_layers) == (8, layers)
+    ids, left_mask = left_padded([40, 31, 23])
+    right_mask = left_mask.flip(1)
+    right_ids = torch.stack([torch.cat([row[mask], row[~mask]])
+                             for row, mask in zip(ids, left_mask)])
+    positions = (left_mask.long().cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        want_right = hf(right_ids, attention_mask=right_mask.long()).logits
+        want_left = hf(ids, attention_mask=left_mask.long(), position_ids=positions).logits
+        got_right = ours(right_ids, padding_mask=right_mask)
+        got_left = ours(ids, padding_mask=left_mask, positions=positions)
+        unwindowed = from_transformers(hf, sliding_window=None, sliding_window_layers=None)
+        assert (unwindowed(right_ids, padding_mask=right_mask) - want_right)[right_mask].abs() \
+            .max() > 1e-2  # the window matters at these lengths
+    assert (got_right - want_right)[right_mask].abs().max() < 1e-4
+    assert (got_left - want_left)[left_mask].abs().max() < 1e-4
+    prompts, mask = left_padded([9, 3, 6], seed=5)
+    got = generate(ours, [row[m].tolist() for row, m in zip(prompts, mask)],
+                   max_new_tokens=NEW_TOKENS, greedy=True).tokens
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = hf.generate(prompts, attention_mask=mask.long(), do_sample=False, num_beams=1,
+                          max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
+    assert got == out[:, prompts.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("family, fields, layers", WINDOWS)
+def test_a_window_round_trips_through_transformers(tmp_path, family, fields, layers):
     hf = hf_model(family, **fields)
     ours = from_transformers(hf)
-    assert ours.config.max_length == 16
-    ids = torch.randint(3, VOCAB, (2, 16))
+    aiayn.save_pretrained(ours, tmp_path)
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(again).__name__ == FAMILIES[family][1]  # Mistral with a window stays Mistral
+    assert aiayn.from_pretrained(tmp_path).config == ours.config
+    ids = torch.randint(3, VOCAB, (2, 30))
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids), hf(ids).logits, rtol=0, atol=1e-4)
-        with pytest.raises(ValueError, match="max_length"):
-            ours(torch.randint(3, VOCAB, (1, 17)))
+        torch.testing.assert_close(again(ids).logits, hf(ids).logits, rtol=0, atol=1e-5)
 
 
-def test_a_qwen2_window_that_is_switched_off_leaves_the_context_alone():
+def test_a_qwen2_window_that_is_switched_off_is_not_applied():
     hf = hf_model("qwen2", use_sliding_window=False, sliding_window=16)
-    assert from_transformers(hf).config.max_length == 128
+    assert from_transformers(hf).config.sliding_window is None
 
 
 def config_json(tmp_path, **fields):
@@ -156,3 +196,6 @@ def test_what_a_family_cannot_express_is_refused(tmp_path):
         aiayn.save_pretrained(aiayn.CausalLM(base.replace(qk_norm=True, bias=True)), tmp_path)
     with pytest.raises(ValueError, match="Llama has biases on every projection or on none"):
         aiayn.save_pretrained(aiayn.CausalLM(base.replace(bias=True, qkv_bias=False)), tmp_path)
+    with pytest.raises(ValueError, match="cannot export as Mistral: Mistral slides on every layer"):
+        aiayn.save_pretrained(aiayn.CausalLM(base.replace(sliding_window=4,
+                                                          sliding_window_layers=[0])), tmp_path)

@@ -158,6 +158,45 @@ def test_qk_norm_normalises_each_heads_queries_and_keys_before_the_rotation():
         torch.testing.assert_close(torch.cat(steps, dim=1), model(ids), rtol=1e-5, atol=1e-5)
 
 
+def test_a_sliding_window_hides_keys_more_than_w_minus_1_behind_by_hand():
+    """Window 3: query 5 sees keys 3, 4, 5 (and, causal, nothing after); one layer of two slides."""
+    from aiayn.masks import causal_mask, window_mask
+
+    allowed = window_mask(torch.arange(2, 6), 6, 3) & causal_mask(4, 6)  # queries at slots 2..5
+    assert allowed.int().tolist() == [[1, 1, 1, 0, 0, 0], [0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0],
+                                      [0, 0, 0, 1, 1, 1]]
+    model, plain = llama(sliding_window=3, sliding_window_layers=[1]), llama()
+    ids = torch.randint(3, 50, (2, 12))
+    with torch.no_grad():
+        got, free = model(ids), plain(ids)
+        torch.testing.assert_close(got[:, :3], free[:, :3])  # within the window: no difference
+        assert not torch.allclose(got[:, 3:], free[:, 3:], atol=1e-3)
+        # by hand: layer 0 unmasked but causal, layer 1 with exactly the band above, then the head
+        rotation = model.decoder.rotary(torch.arange(12))
+        layer0, layer1 = model.decoder.layers
+        x = layer0(model.decoder.embeddings(ids), rotation=rotation)[0]
+        band = causal_mask(12, 12) & window_mask(torch.arange(12), 12, 3)  # (T, T)
+        x = layer1(x, self_mask=band, rotation=rotation)[0]
+        torch.testing.assert_close(model.lm_head(model.decoder.norm(x)), got)
+
+
+@pytest.mark.parametrize("attention", ["fused", "reference", "chunked"])
+def test_sliding_window_cached_decoding_and_slot_steps_equal_the_full_forward(attention):
+    from aiayn.fast.cuda_graphs import GraphedSteps
+
+    model = llama(sliding_window=4, attention=attention, attention_chunk_size=4)
+    ids = torch.randint(3, 50, (2, 20))
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache(2, 20)
+        steps = [model(ids[:, :6], cache=cache)] + [model(ids[:, t:t + 1], cache=cache)
+                                                   for t in range(6, 20)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    got = generate(model, PROMPTS, max_new_tokens=25, greedy=True,
+                   steps=GraphedSteps(use_graph=False))
+    assert got.tokens == generate(model, PROMPTS, max_new_tokens=25, greedy=True).tokens
+
+
 def test_swiglu_is_down_of_silu_gate_times_up_without_biases():
     ffn = GatedFeedForward(8, 12, activation="silu")
     x = torch.randn(2, 3, 8)
@@ -270,6 +309,10 @@ def test_the_kv_cache_of_four_times_fewer_kv_heads_is_four_times_smaller():
     (dict(rope_scaling=[2.0]), "rope_scaling must be a dict"),
     (dict(positions="learned", rope_scaling={"rope_type": "linear", "factor": 2.0}),
      "rope_scaling scales rotary positions; positions is 'learned'"),
+    (dict(sliding_window=0), "sliding_window must be a positive integer"),
+    (dict(sliding_window_layers=[0]), "sliding_window_layers needs a sliding_window"),
+    (dict(sliding_window=4, sliding_window_layers=[2]), r"decoder layer indices in \[0, 2\)"),
+    (dict(sliding_window=4, attention="sparse"), "sliding_window masks each query's keys"),
 ])
 def test_bad_configs_are_refused_naming_the_field(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -290,7 +333,9 @@ def test_a_head_width_of_its_own_sizes_the_projections():
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("changes", [{}, dict(qk_norm=True, qkv_bias=True, bias=False,
-                                              rope_scaling=YARN)], ids=["llama", "qwen-yarn"])
+                                              rope_scaling=YARN, sliding_window=4,
+                                              sliding_window_layers=[1])],
+                         ids=["llama", "qwen-yarn-window"])
 def test_the_modern_decoder_compiles_whole_for_training_and_a_cached_step(changes):
     """``torch.compile(fullgraph=True)``: rotary (also scaled), RMSNorm, SwiGLU, grouped heads and
     QK-norm break no graph (aot_eager traces what inductor would, see tests/test_compile.py)."""

@@ -88,6 +88,9 @@ class TransformerConfig:
     n_kv_heads: int | None = None  # key/value heads; None: n_heads; 1: multi-query; else grouped
     d_head: int | None = None  # [d_k = d_v]; None: d_model / n_heads (paper 3.2.2)
     qk_norm: bool = False  # the config's norm over Dh on every head's q and k, before RoPE (Qwen3)
+    # decoder self-attention sees only the last W keys (itself included): Mistral, Qwen, Gemma
+    sliding_window: int | None = None
+    sliding_window_layers: list[int] | None = None  # the decoder layers that slide; None: all
     rope_theta: float = 10000.0  # base of the rotary frequencies (Su et al. 2021), positions="rotary"
     # scaled RoPE for contexts beyond the pretraining length, with the keys of Hugging Face's
     # rope_parameters, e.g. {"rope_type": "llama3", "factor": 32.0, ...} (aiayn.nn.rotary); None: plain
@@ -196,6 +199,23 @@ class TransformerConfig:
                              f"keeps one state per query head")
         if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+        window, layers = self.sliding_window, self.sliding_window_layers
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool)
+                                   or window <= 0):
+            raise ValueError(f"sliding_window must be a positive integer or None, got {window!r}")
+        if window is not None and self.attention in ("sparse", "linear"):
+            raise ValueError(f"sliding_window masks each query's keys, which attention="
+                             f"{self.attention!r} does not take; use 'fused', 'reference' or "
+                             f"'chunked' (sparse attention has a local window of its own: "
+                             f"attention_pattern='local')")
+        if layers is not None:
+            if window is None:
+                raise ValueError("sliding_window_layers needs a sliding_window")
+            if not isinstance(layers, list) or not all(
+                    isinstance(i, int) and not isinstance(i, bool)
+                    and 0 <= i < self.n_decoder_layers for i in layers):
+                raise ValueError(f"sliding_window_layers must be a list of decoder layer indices "
+                                 f"in [0, {self.n_decoder_layers}), got {layers!r}")
         from aiayn.nn.rotary import check_rope_scaling  # late: rotary imports nothing from here
 
         check_rope_scaling(self.rope_scaling)

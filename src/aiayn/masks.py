@@ -5,7 +5,9 @@ Convention: a mask is a boolean tensor, ``True`` = this query may attend to this
 to (B, H, T, S); the models build them as
 
     key padding   (B, 1, 1, S)  from a padding mask (B, S) with True = real token,
-    causal        (T, S)        right-aligned: query i sits at absolute position S - T + i.
+    causal        (T, S)        right-aligned: query i sits at absolute position S - T + i,
+    window        (T, S)        a sliding window of W: query i sees the W - 1 keys before it and
+                                itself, no further back (Mistral; Beltagy et al. 2020's local band).
 
 Right alignment is what decoding with a cache needs: T new queries follow S - T cached keys. (SDPA's
 ``is_causal=True`` is top-left aligned, which is only right when T == S.) A query row with no allowed key
@@ -47,6 +49,14 @@ def causal_mask(query_length: int, key_length: int | None = None,
                          f"{key_length}")
     return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril(
         diagonal=key_length - query_length)
+
+
+def window_mask(query_slots: Tensor, key_length: int, window: int) -> Tensor:
+    """(T, S): key j is at most ``window - 1`` slots behind the query's slot (the causal part is
+    added elsewhere). ``query_slots`` (T,): the cache slots of the queries, S - T .. S - 1 for a
+    contiguous run (right-aligned, as ``causal_mask``), or a fixed-shape step's slot."""
+    keys = torch.arange(key_length, device=query_slots.device)  # (S,)
+    return query_slots[:, None] - keys[None, :] < window  # (T, S)
 
 
 def key_padding_to_attention(padding_mask: Tensor) -> Tensor:

@@ -8,7 +8,8 @@ Families (one module each, each with an explicit parameter-name map):
     gpt2                     GPT2Model / GPT2LMHeadModel                    CausalLM
     llama                    LlamaModel / LlamaForCausalLM                  CausalLM (rotary positions)
     mistral, qwen2, qwen3    MistralForCausalLM / Qwen2ForCausalLM /        CausalLM (as Llama, with
-                             Qwen3ForCausalLM (and ...Model)                qkv_bias / qk_norm)
+                             Qwen3ForCausalLM (and ...Model)                sliding_window /
+                                                                            qkv_bias / qk_norm)
     marian, bart             MarianMTModel / BartForConditionalGeneration   Transformer
                              (MarianModel / BartModel)
     vit                      ViTModel / ViTForImageClassification           VisionTransformer /

@@ -10,9 +10,8 @@ no embedding scale, no dropout on the residual stream, and an output projection 
 ``tie_word_embeddings``. Scaled RoPE (``rope_type`` "linear", "llama3" of Llama 3.1 and later,
 "yarn") becomes ``rope_scaling``; "dynamic" and "longrope" are refused (aiayn.nn.rotary).
 
-A sliding window (Mistral 7B v0.1's 4096; Qwen's with ``use_sliding_window``) is not implemented: it
-changes nothing while a sequence fits in the window, so ``max_length`` becomes the window and longer
-inputs are an error.
+A sliding window (Mistral 7B v0.1's 4096 on every layer; Qwen's on the layers ``layer_types`` names)
+becomes ``sliding_window`` and ``sliding_window_layers``.
 
 HF keeps q_proj, k_proj and v_proj apart; they are concatenated into aiayn's fused ``qkv_proj``
 ((H + 2 Hkv) Dh rows), or kept apart with ``fused_projections=False``.
@@ -78,17 +77,26 @@ def _biases(hf: dict[str, Any], source) -> tuple[bool, bool]:
     return bool(attention_bias), bool(attention_bias)
 
 
-def _max_length(hf: dict[str, Any]) -> int:
-    """max_position_embeddings, or the sliding window where it is shorter (see the docstring)."""
-    length = hf.get("max_position_embeddings", 2048)
+def _window(hf: dict[str, Any], layers: int) -> tuple[int | None, list[int] | None]:
+    """(sliding_window, sliding_window_layers): Mistral's window on every layer; Qwen's on the
+    layers ``layer_types`` names "sliding_attention" (transformers 5), else, with
+    ``use_sliding_window``, on layers from ``max_window_layers`` on (how transformers 5 fills it)."""
     window = hf.get("sliding_window")
-    if hf.get("model_type") in ("qwen2", "qwen3"):  # their window slides only when switched on
-        sliding = hf.get("use_sliding_window") or "sliding_attention" in (hf.get("layer_types")
-                                                                           or ())
-        window = window if sliding else None
-    elif hf.get("model_type") == "llama":
-        window = None
-    return min(length, window) if isinstance(window, int) and window > 0 else length
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0 \
+            or hf.get("model_type") == "llama":
+        return None, None
+    if hf.get("model_type") == "mistral":
+        return window, None
+    kinds = hf.get("layer_types")
+    if isinstance(kinds, list) and len(kinds) == layers:
+        sliding = [i for i, kind in enumerate(kinds) if kind == "sliding_attention"]
+    elif hf.get("use_sliding_window"):
+        sliding = list(range(hf.get("max_window_layers", 0), layers))
+    else:
+        sliding = []
+    if not sliding:
+        return None, None
+    return window, None if len(sliding) == layers else sliding
 
 
 def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
@@ -96,6 +104,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
     """The aiayn config of a Llama, Mistral, Qwen2 or Qwen3 config.json (``overrides`` win)."""
     source = checkpoint.directory
     bias, qkv_bias = _biases(hf, source)
+    window, sliding_layers = _window(hf, require(hf, "num_hidden_layers", source))
     vocab_size = require(hf, "vocab_size", source)
     rope_theta, rope_scaling = _rope(hf, source)
     d_model = require(hf, "hidden_size", source)
@@ -112,7 +121,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         d_head=None if head_dim * heads == d_model else head_dim,
         d_ff=require(hf, "intermediate_size", source), n_encoder_layers=0,
         n_decoder_layers=require(hf, "num_hidden_layers", source),
-        max_length=_max_length(hf), dropout=0.0,
+        max_length=hf.get("max_position_embeddings", 2048), dropout=0.0,
         attention_dropout=hf.get("attention_dropout", 0.0),
         activation=activation_from_hf(hf.get("hidden_act", "silu"), "hidden_act", source),
         gated_ffn=True, norm="rms", norm_first=True, final_norm=True,
@@ -120,6 +129,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         rope_theta=rope_theta, rope_scaling=rope_scaling, scale_embeddings=False,
         embedding_norm=False, type_vocab_size=0, bias=bias,
         qkv_bias=None if qkv_bias == bias else qkv_bias, qk_norm=hf.get("model_type") == "qwen3",
+        sliding_window=window, sliding_window_layers=sliding_layers,
         tie_output=hf.get("tie_word_embeddings", False), output_bias=False,
         init_std=hf.get("initializer_range", 0.02), pad_id=pad if pad is not None else eos,
         bos_id=bos, eos_id=eos, decoder_start_id=bos)
@@ -184,7 +194,19 @@ def matches(model: nn.Module) -> bool:
 
 def _export_family(config: TransformerConfig) -> str:
     """Which class writes the model: Qwen3 for QK-norm, Qwen2 for biases on q, k, v alone, else
-    Llama (biases everywhere or nowhere)."""
+    Llama (biases everywhere or nowhere), or Mistral for Llama with a window on every layer."""
+    family = _bias_family(config)
+    if config.sliding_window is None:
+        return family
+    if family == "llama":
+        if config.sliding_window_layers is not None or config.bias:
+            raise ValueError("cannot export as Mistral: Mistral slides on every layer and has no "
+                             "biases; a window on some layers only is Qwen's (qkv_bias or qk_norm)")
+        return "mistral"
+    return family
+
+
+def _bias_family(config: TransformerConfig) -> str:
     qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
     if config.qk_norm:
         if config.bias or qkv_bias:
@@ -200,7 +222,8 @@ def _export_family(config: TransformerConfig) -> str:
     return "llama"
 
 
-CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+           "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
@@ -230,9 +253,16 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
               attention_dropout=config.attention_dropout,
               initializer_range=config.init_std or 0.02, bos_token_id=config.bos_id,
               eos_token_id=config.eos_id, pad_token_id=config.pad_id)
+    window, n = config.sliding_window, config.n_decoder_layers
     if family == "llama":
         hf.update(attention_bias=config.bias, mlp_bias=config.bias)
+    elif family == "mistral":
+        hf.update(sliding_window=window)
     else:
-        hf.update(use_sliding_window=False, sliding_window=None)
+        sliding = range(n) if config.sliding_window_layers is None else config.sliding_window_layers
+        hf.update(use_sliding_window=window is not None, sliding_window=window,
+                  max_window_layers=n if window is None else min(sliding),
+                  layer_types=["sliding_attention" if window is not None and i in sliding
+                               else "full_attention" for i in range(n)])
         hf.update(attention_bias=False) if family == "qwen3" else None
     return hf, name_map(config, "model.", has_head=True)

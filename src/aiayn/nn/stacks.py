@@ -19,7 +19,7 @@ from aiayn.nn.attention.cache import DecoderCache
 from aiayn.config import TransformerConfig
 from aiayn.nn.embedding import Embeddings
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
-from aiayn.masks import check_padding_mask, key_padding_to_attention
+from aiayn.masks import check_padding_mask, key_padding_to_attention, window_mask
 from aiayn.nn.norms import layer_norm
 from aiayn.nn.relative_bias import RelativePositionBias
 from aiayn.nn.rotary import RotaryEmbedding, Rotation
@@ -158,6 +158,10 @@ class Decoder(nn.Module):
         self.norm = final_norm(config)
         self.cross_attention = cross_attention
         self.max_length = config.max_length
+        self.window = config.sliding_window  # sliding layers see only the last `window` keys
+        layers = config.sliding_window_layers
+        self.sliding = [self.window is not None and (layers is None or index in layers)
+                        for index in range(config.n_decoder_layers)]
 
     def new_cache(self, batch: int, max_length: int | None = None, *,
                   device: torch.device | str | None = None,
@@ -280,10 +284,13 @@ class Decoder(nn.Module):
             start = 0 if cache is None else cache.length
         rotation = self._rotation(x, start, positions)
         bias = self._position_bias(x, start, positions)
+        sliding_mask = self._sliding_mask(x, start, cache, self_mask)
         self_weights, cross_weights = [], []
         for index, layer in enumerate(self.layers):
             x, self_w, cross_w = layer(
-                x, memory, self_mask=self_mask, memory_mask=memory_mask, start=start,
+                x, memory, memory_mask=memory_mask, start=start,
+                self_mask=sliding_mask if self.sliding[index] and sliding_mask is not None
+                else self_mask,
                 rotation=rotation, position_bias=bias,
                 cache=None if cache is None else cache.self_attention[index],
                 memory_cache=None if cache is None else cache.cross[index],
@@ -297,6 +304,24 @@ class Decoder(nn.Module):
         if cache is not None and advance:
             cache.length += x.shape[1]
         return x, self_weights, cross_weights
+
+    def _sliding_mask(self, x: Tensor, start: int | Tensor, cache: DecoderCache | None,
+                      self_mask: Tensor | None) -> Tensor | None:
+        """The sliding layers' self-attention mask: ``self_mask`` and the window (T, keys) over
+        cache slots (as transformers counts it, left padding included); None when no key can fall
+        out of the window."""
+        if self.window is None or not any(self.sliding):
+            return None
+        length = x.shape[1]
+        if isinstance(start, Tensor):  # a fixed-shape step: one query at that slot, every slot
+            slots, keys = start, cache.max_length
+        else:
+            keys = start + length
+            if keys <= self.window:
+                return None
+            slots = torch.arange(start, keys, device=x.device)  # (T,)
+        window = window_mask(slots, keys, self.window)  # (T, keys)
+        return window if self_mask is None else self_mask & window  # (B, 1, T, keys)
 
     def _rotation(self, x: Tensor, start: int | Tensor, positions: Tensor | None
                   ) -> Rotation | None:
