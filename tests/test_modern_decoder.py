@@ -197,6 +197,37 @@ def test_sliding_window_cached_decoding_and_slot_steps_equal_the_full_forward(at
     assert got.tokens == generate(model, PROMPTS, max_new_tokens=25, greedy=True).tokens
 
 
+def test_sandwich_norm_normalises_the_sub_layer_output_before_the_sum():
+    """Gemma 2/3 by hand: x + post_norm(Sublayer(norm(x))), each norm with its own gain."""
+    model = llama(sandwich_norm=True)
+    layer = model.decoder.layers[0]
+    residual = layer.feedforward_residual
+    assert residual.post_norm is not None and residual.post_norm is not residual.norm
+    x = torch.randn(2, 5, 64)
+    want = x + residual.post_norm(layer.feedforward(residual.norm(x)))
+    torch.testing.assert_close(residual.add(x, layer.feedforward(residual.input(x))), want)
+
+
+def test_sliding_layers_rotate_with_their_own_base():
+    """Windows wider than the text, so only the rotation can differ: rope_local_theta equal to
+    rope_theta changes nothing, another base changes the model, every layer sliding at base 100
+    is the plain model at rope_theta 100, and cached decoding equals the full forward."""
+    same = llama(sliding_window=40, sliding_window_layers=[0], rope_local_theta=10000.0)
+    plain = llama()
+    ids = torch.randint(3, 50, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(same(ids), plain(ids))  # window 40 > 12 keys: no effect
+        local = llama(sliding_window=40, sliding_window_layers=[0], rope_local_theta=100.0)
+        assert not torch.allclose(local(ids), plain(ids), atol=1e-3)
+        # both layers sliding with base 100 == every layer at rope_theta 100
+        everywhere = llama(sliding_window=40, rope_local_theta=100.0)
+        torch.testing.assert_close(everywhere(ids), llama(rope_theta=100.0)(ids))
+        cache = local.new_cache(2, 12)
+        steps = [local(ids[:, :5], cache=cache)] + [local(ids[:, t:t + 1], cache=cache)
+                                                   for t in range(5, 12)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), local(ids), rtol=1e-5, atol=1e-5)
+
+
 def test_swiglu_is_down_of_silu_gate_times_up_without_biases():
     ffn = GatedFeedForward(8, 12, activation="silu")
     x = torch.randn(2, 3, 8)
@@ -313,6 +344,8 @@ def test_the_kv_cache_of_four_times_fewer_kv_heads_is_four_times_smaller():
     (dict(sliding_window_layers=[0]), "sliding_window_layers needs a sliding_window"),
     (dict(sliding_window=4, sliding_window_layers=[2]), r"decoder layer indices in \[0, 2\)"),
     (dict(sliding_window=4, attention="sparse"), "sliding_window masks each query's keys"),
+    (dict(rope_local_theta=100.0), "rope_local_theta is the RoPE base of sliding layers"),
+    (dict(norm_first=False, sandwich_norm=True), "sandwich_norm .* needs norm_first=True"),
 ])
 def test_bad_configs_are_refused_naming_the_field(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -334,8 +367,10 @@ def test_a_head_width_of_its_own_sizes_the_projections():
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("changes", [{}, dict(qk_norm=True, qkv_bias=True, bias=False,
                                               rope_scaling=YARN, sliding_window=4,
-                                              sliding_window_layers=[1])],
-                         ids=["llama", "qwen-yarn-window"])
+                                              sliding_window_layers=[1]),
+                                     dict(sandwich_norm=True, qk_norm=True, sliding_window=4,
+                                          sliding_window_layers=[0], rope_local_theta=100.0)],
+                         ids=["llama", "qwen-yarn-window", "gemma3"])
 def test_the_modern_decoder_compiles_whole_for_training_and_a_cached_step(changes):
     """``torch.compile(fullgraph=True)``: rotary (also scaled), RMSNorm, SwiGLU, grouped heads and
     QK-norm break no graph (aot_eager traces what inductor would, see tests/test_compile.py)."""

@@ -91,6 +91,8 @@ class TransformerConfig:
     # decoder self-attention sees only the last W keys (itself included): Mistral, Qwen, Gemma
     sliding_window: int | None = None
     sliding_window_layers: list[int] | None = None  # the decoder layers that slide; None: all
+    rope_local_theta: float | None = None  # sliding layers' RoPE base, never scaled (Gemma 3: 1e4)
+    sandwich_norm: bool = False  # pre-norm plus a norm on each sub-layer's output (Gemma 2, 3)
     rope_theta: float = 10000.0  # base of the rotary frequencies (Su et al. 2021), positions="rotary"
     # scaled RoPE for contexts beyond the pretraining length, with the keys of Hugging Face's
     # rope_parameters, e.g. {"rope_type": "llama3", "factor": 32.0, ...} (aiayn.nn.rotary); None: plain
@@ -208,6 +210,15 @@ class TransformerConfig:
                              f"{self.attention!r} does not take; use 'fused', 'reference' or "
                              f"'chunked' (sparse attention has a local window of its own: "
                              f"attention_pattern='local')")
+        local = self.rope_local_theta
+        if local is not None and (not isinstance(local, (int, float)) or isinstance(local, bool)
+                                  or local <= 0 or window is None or self.positions != "rotary"):
+            raise ValueError(f"rope_local_theta is the RoPE base of sliding layers: a positive "
+                             f"number with positions='rotary' and a sliding_window, got "
+                             f"{local!r} (positions={self.positions!r}, sliding_window={window!r})")
+        if self.sandwich_norm and not self.norm_first:
+            raise ValueError("sandwich_norm adds a norm after each sub-layer of a pre-norm block: "
+                             "it needs norm_first=True")
         if layers is not None:
             if window is None:
                 raise ValueError("sliding_window_layers needs a sliding_window")

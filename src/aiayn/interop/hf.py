@@ -10,6 +10,8 @@ Families (one module each, each with an explicit parameter-name map):
     mistral, qwen2, qwen3    MistralForCausalLM / Qwen2ForCausalLM /        CausalLM (as Llama, with
                              Qwen3ForCausalLM (and ...Model)                sliding_window /
                                                                             qkv_bias / qk_norm)
+    gemma3_text              Gemma3ForCausalLM / Gemma3TextModel            CausalLM (sandwich norms,
+                                                                            local RoPE, windows)
     marian, bart             MarianMTModel / BartForConditionalGeneration   Transformer
                              (MarianModel / BartModel)
     vit                      ViTModel / ViTForImageClassification           VisionTransformer /
@@ -30,12 +32,12 @@ import torch
 from torch import nn
 
 from aiayn.config import TransformerConfig
-from aiayn.interop import hf_bert, hf_gpt2, hf_llama, hf_marian, hf_t5, hf_vit
+from aiayn.interop import hf_bert, hf_gemma, hf_gpt2, hf_llama, hf_marian, hf_t5, hf_vit
 from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, export_state, load_state, read_checkpoint,
                                      read_config, write_checkpoint)
 
 # Saving takes the first family that ``matches`` the model: the specific before the general.
-FAMILIES = (hf_bert, hf_llama, hf_gpt2, hf_t5, hf_marian, hf_vit)
+FAMILIES = (hf_bert, hf_gemma, hf_llama, hf_gpt2, hf_t5, hf_marian, hf_vit)
 # Families whose HF classes have only the paper's blocks (no RMSNorm, gated FFN, grouped-query
 # attention, head width of its own, relative bias or extra scales): ``PAPER_BLOCKS`` must hold.
 PAPER_FAMILIES = (hf_bert, hf_gpt2, hf_marian, hf_vit)

@@ -30,7 +30,7 @@ SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
 PYTORCH_FILE = "pytorch_model.bin"
 
-LAYOUTS = ("same", "transpose", "row")
+LAYOUTS = ("same", "transpose", "row", "plus_one")
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,9 @@ class Rule:
             -> aiayn's fused ``qkv_proj``); ``{}`` as in ``target``.
         layers: how many layers the ``{}`` runs over (0: no placeholder).
         layout: ``"same"``; ``"transpose"`` for GPT-2's Conv1D, which stores (in, out);
-            ``"row"`` for a (1, V) buffer that is a (V,) vector in aiayn (``final_logits_bias``).
+            ``"row"`` for a (1, V) buffer that is a (V,) vector in aiayn (``final_logits_bias``);
+            ``"plus_one"`` for Gemma's RMSNorm, which stores w and scales by 1 + w (aiayn stores
+            the gain 1 + w, computed in float32 as Gemma computes it).
         sizes: rows of each source along dim 0 when they differ (grouped-query attention's q | k | v
             in a fused ``qkv_proj``); None: equal parts.
     """
@@ -237,6 +239,8 @@ def _from_layout(value: Tensor, layout: str) -> Tensor:
         return value.t()
     if layout == "row":
         return value.reshape(-1) if value.dim() == 2 and value.shape[0] == 1 else value
+    if layout == "plus_one":
+        return 1.0 + value.float()
     return value
 
 
@@ -245,6 +249,8 @@ def _to_layout(value: Tensor, layout: str) -> Tensor:
         return value.t()
     if layout == "row":
         return value.reshape(1, -1)
+    if layout == "plus_one":  # back to w = gain - 1
+        return value.float() - 1.0
     return value
 
 

@@ -233,7 +233,7 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
     required = dict(norm_first=True, final_norm=True, norm="rms", positions="rotary",
                     gated_ffn=True, scale_embeddings=False, embedding_norm=False,
                     type_vocab_size=0, output_bias=False, relative_attention_buckets=0,
-                    scale_attention=True, scale_output=False)
+                    scale_attention=True, scale_output=False, rope_local_theta=None)
     for name, value in required.items():
         if getattr(config, name) != value:
             raise ValueError(f"cannot export as Llama: Llama needs {name}={value!r}, the model has "

@@ -28,11 +28,14 @@ class Residual(nn.Module):
     """The LayerNorm, dropout and residual sum around one sub-layer, in either order.
 
     A layer calls ``input(x)`` to get what the sub-layer reads and ``add(x, out)`` with what it wrote.
+    With ``sandwich_norm`` (pre-norm only; Gemma 2 and 3) the sub-layer's output is normalised too,
+    by a norm of its own, before the sum: x + Dropout(post_norm(Sublayer(norm(x)))).
     """
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.norm = layer_norm(config)
+        self.post_norm = layer_norm(config) if config.sandwich_norm else None
         self.dropout = nn.Dropout(config.dropout)
         self.norm_first = config.norm_first
 
@@ -40,6 +43,8 @@ class Residual(nn.Module):
         return self.norm(x) if self.norm_first else x
 
     def add(self, x: Tensor, out: Tensor) -> Tensor:
+        if self.post_norm is not None:
+            out = self.post_norm(out)
         out = x + self.dropout(out)
         return out if self.norm_first else self.norm(out)
 

@@ -75,9 +75,15 @@ def final_norm(config: TransformerConfig) -> nn.Module | None:
     return layer_norm(config) if config.final_norm else None
 
 
-def make_rotary(config: TransformerConfig) -> RotaryEmbedding | None:
+def make_rotary(config: TransformerConfig, *, local: bool = False) -> RotaryEmbedding | None:
+    """The rotary positions of the config (``local``: of its sliding layers, when they have a base
+    of their own, ``rope_local_theta``, unscaled), or None."""
     if config.positions != "rotary":
         return None
+    if local:
+        if config.rope_local_theta is None:
+            return None
+        return RotaryEmbedding(config.head_dim, config.rope_local_theta, config.max_length)
     return RotaryEmbedding(config.head_dim, config.rope_theta, config.max_length,
                            config.rope_scaling)
 
@@ -152,6 +158,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.embeddings = Embeddings(config, tokens)
         self.rotary = make_rotary(config)
+        self.rotary_local = make_rotary(config, local=True)  # the sliding layers' own, or None
         self.position_bias = make_position_bias(config, bidirectional=False)
         self.layers = nn.ModuleList(DecoderLayer(config, cross_attention=cross_attention)
                                     for _ in range(config.n_decoder_layers))
@@ -282,16 +289,18 @@ class Decoder(nn.Module):
         """
         if start is None:
             start = 0 if cache is None else cache.length
-        rotation = self._rotation(x, start, positions)
+        rotation = self._rotation(self.rotary, x, start, positions)
+        local_rotation = rotation if self.rotary_local is None else \
+            self._rotation(self.rotary_local, x, start, positions)
         bias = self._position_bias(x, start, positions)
         sliding_mask = self._sliding_mask(x, start, cache, self_mask)
         self_weights, cross_weights = [], []
         for index, layer in enumerate(self.layers):
+            sliding = self.sliding[index]
             x, self_w, cross_w = layer(
                 x, memory, memory_mask=memory_mask, start=start,
-                self_mask=sliding_mask if self.sliding[index] and sliding_mask is not None
-                else self_mask,
-                rotation=rotation, position_bias=bias,
+                self_mask=sliding_mask if sliding and sliding_mask is not None else self_mask,
+                rotation=local_rotation if sliding else rotation, position_bias=bias,
                 cache=None if cache is None else cache.self_attention[index],
                 memory_cache=None if cache is None else cache.cross[index],
                 need_weights=need_weights)
@@ -323,16 +332,17 @@ class Decoder(nn.Module):
         window = window_mask(slots, keys, self.window)  # (T, keys)
         return window if self_mask is None else self_mask & window  # (B, 1, T, keys)
 
-    def _rotation(self, x: Tensor, start: int | Tensor, positions: Tensor | None
-                  ) -> Rotation | None:
+    @staticmethod
+    def _rotation(rotary: RotaryEmbedding | None, x: Tensor, start: int | Tensor,
+                  positions: Tensor | None) -> Rotation | None:
         """(cos, sin) of x's positions: ``positions`` (B, T), else start .. start + T - 1."""
-        if self.rotary is None:
+        if rotary is None:
             return None
         if positions is None:
             if isinstance(start, Tensor):
                 raise ValueError("a fixed-shape step (slots) needs explicit positions")
             positions = torch.arange(start, start + x.shape[1], device=x.device)  # (T,)
-        return self.rotary(positions)
+        return rotary(positions)
 
     def _position_bias(self, x: Tensor, start: int | Tensor, positions: Tensor | None
                        ) -> Tensor | None:
