@@ -1,9 +1,10 @@
-"""``aiayn generate`` on a Hugging Face checkpoint does what ``transformers`` does with it: it stops at
-the end-of-sequence ids of ``generation_config.json`` (one or several), takes its sampling settings
+"""``aiayn generate`` on a Hugging Face checkpoint does what ``transformers`` does with it: it stops
+at the end-of-sequence ids of ``generation_config.json`` (one or several), takes its sampling settings
 unless options override them, and ``--chat`` lays a conversation out with the tokenizer's chat
 template exactly as ``apply_chat_template`` does, then prints the reply that ``generate`` + decode
 give. Settings are compared with ``transformers.GenerationConfig``, templates with
-``apply_chat_template``, replies with ``generate`` on the same checkpoint (tests/checkpoint_builders.py)."""
+``apply_chat_template``, replies with ``generate`` on the same checkpoint
+(tests/checkpoint_builders.py)."""
 
 from __future__ import annotations
 

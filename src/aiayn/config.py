@@ -87,16 +87,16 @@ class TransformerConfig:
     gated_ffn: bool = False  # down(act(gate(x)) * up(x)) (Shazeer 2020); silu: SwiGLU, gelu: GEGLU
     n_kv_heads: int | None = None  # key/value heads; None: n_heads; 1: multi-query; else grouped
     d_head: int | None = None  # [d_k = d_v]; None: d_model / n_heads (paper 3.2.2)
+    rope_theta: float = 10000.0  # base of the rotary frequencies (Su et al. 2021), positions="rotary"
+    # scaled RoPE for contexts beyond the pretraining length, with the keys of Hugging Face's
+    # rope_parameters, e.g. {"rope_type": "llama3", "factor": 32.0, ...} (aiayn.nn.rotary); None: plain
+    rope_scaling: dict[str, Any] | None = None
     qk_norm: bool = False  # the config's norm over Dh on every head's q and k, before RoPE (Qwen3)
     # decoder self-attention sees only the last W keys (itself included): Mistral, Qwen, Gemma
     sliding_window: int | None = None
     sliding_window_layers: list[int] | None = None  # the decoder layers that slide; None: all
     rope_local_theta: float | None = None  # sliding layers' RoPE base, never scaled (Gemma 3: 1e4)
     sandwich_norm: bool = False  # pre-norm plus a norm on each sub-layer's output (Gemma 2, 3)
-    rope_theta: float = 10000.0  # base of the rotary frequencies (Su et al. 2021), positions="rotary"
-    # scaled RoPE for contexts beyond the pretraining length, with the keys of Hugging Face's
-    # rope_parameters, e.g. {"rope_type": "llama3", "factor": 32.0, ...} (aiayn.nn.rotary); None: plain
-    rope_scaling: dict[str, Any] | None = None
 
     # --- T5 (docs/t5.md; Raffel et al. 2020) -------------------------------------------------------
     # relative position bias: buckets of log distance, one learned scalar per bucket and head added

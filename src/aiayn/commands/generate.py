@@ -1,6 +1,7 @@
 """``aiayn generate RUN_DIR --prompt TEXT``: continue a prompt with a trained language model (a run
-of ``aiayn train lm`` or a Hugging Face GPT-2 / Llama / Mistral / Qwen checkpoint directory, with its
-tokenizer); ``--chat TEXT`` answers a message through the checkpoint's chat template instead.
+of ``aiayn train lm`` or a Hugging Face GPT-2 / Llama / Mistral / Qwen / Gemma 3 checkpoint
+directory, with its tokenizer); ``--chat TEXT`` answers a message through the checkpoint's chat
+template instead.
 
 A checkpoint directory generates as ``transformers``' ``generate`` does with it: it stops at its
 end-of-sequence ids and picks tokens by its ``generation_config.json`` (greedy unless
@@ -33,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Continue a prompt with the model of RUN_DIR; tokens stream to stdout.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ('aiayn train lm') or "
-                        "a Hugging Face GPT-2 / Llama / Mistral / Qwen checkpoint directory")
+                        "a Hugging Face GPT-2 / Llama / Mistral / Qwen / Gemma 3 checkpoint "
+                        "directory")
     parser.add_argument("--prompt", action="append", default=None, metavar="TEXT",
                         help="text to continue (repeat for a batch of prompts; default: a newline)")
     parser.add_argument("--chat", default=None, metavar="TEXT",

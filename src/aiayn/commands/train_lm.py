@@ -62,10 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="random-offset batches per epoch (default: one pass over the text)")
     group.add_argument("--eval-batch-size", type=int, default=64, help="blocks per eval batch")
     group.add_argument("--init", default=None, metavar="DIR",
-                       help="fine-tune a pretrained model: an aiayn lm run or a Hugging Face GPT-2, "
-                            "Llama, Mistral or Qwen checkpoint directory (its tokenizer is kept; "
-                            "--preset is ignored, --set applies; the context is the checkpoint's "
-                            "unless --block-size)")
+                       help="fine-tune a pretrained model: an aiayn lm run or a Hugging Face "
+                            "GPT-2, Llama, Mistral, Qwen or Gemma 3 checkpoint directory (its "
+                            "tokenizer is kept; --preset is ignored, --set applies; the context is "
+                            "the checkpoint's unless --block-size)")
     # nanoGPT's shakespeare_char recipe with the CPU overrides of its README ("baby GPT"); the
     # options left None here come from the preset's recipe (preset_defaults).
     parser.set_defaults(preset="char-gpt", optimizer="adamw", adam_eps=1e-8, weight_decay=0.1,

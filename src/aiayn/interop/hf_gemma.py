@@ -7,7 +7,8 @@ GEGLU with the tanh GELU) with these differences, each a TransformerConfig field
     embeddings times sqrt(D)                                ``scale_embeddings`` (the paper's 3.4)
     a norm on each sub-layer's output too ("sandwich")      ``sandwich_norm``
     RMSNorm on each head's q and k                          ``qk_norm``
-    5 of every 6 layers see a sliding window (512 keys)     ``sliding_window``, ``sliding_window_layers``
+    5 of every 6 layers see a sliding window (512 keys)     ``sliding_window``,
+                                                            ``sliding_window_layers``
     sliding layers use RoPE base 10,000, the others 1e6     ``rope_local_theta``, ``rope_theta``
     (scaled for the long context of the larger models)      ``rope_scaling`` (global layers only)
 
@@ -133,7 +134,8 @@ def name_map(config: TransformerConfig, prefix: str, *, has_head: bool) -> NameM
              "self_attention_residual.post_norm": "post_attention_layernorm",
              "feedforward_residual.norm": "pre_feedforward_layernorm",
              "feedforward_residual.post_norm": "post_feedforward_layernorm",
-             "self_attention.q_norm": "self_attn.q_norm", "self_attention.k_norm": "self_attn.k_norm"}
+             "self_attention.q_norm": "self_attn.q_norm",
+             "self_attention.k_norm": "self_attn.k_norm"}
     rules = [Rule("decoder.embeddings.tokens.weight", (f"{prefix}embed_tokens.weight",)),
              Rule("decoder.norm.weight", (f"{prefix}norm.weight",), layout="plus_one")]
     rules += [Rule(f"{layer}{ours}.weight", (f"{hf_layer}{theirs}.weight",), n, layout="plus_one")

@@ -9,8 +9,9 @@ shared by H / Hkv query heads, so their projections (and the KV cache) are Hkv /
 width Dh other than D / H (T5 v1.1) makes the inner width H * Dh. The attention itself is a kernel
 object (aiayn.nn.attention.kernels), so reference / fused / efficient kernels are interchangeable.
 Rotary positions (aiayn.nn.rotary) rotate q and k after the projection, before the cache; a position
-bias (aiayn.nn.relative_bias) goes to the kernel. QK-norm (Dehghani et al. 2023; Qwen3) normalises each
-head's queries and keys over Dh right after the projection, before the rotation. Two modules share the projections' plumbing:
+bias (aiayn.nn.relative_bias) goes to the kernel. QK-norm (Dehghani et al. 2023; Qwen3, Gemma 3)
+normalises each head's queries and keys over Dh right after the projection, before the rotation.
+Two modules share the projections' plumbing:
 
 - ``SelfAttention``: queries, keys and values from the same sequence; with a cache, the T newest
   positions attend to everything written so far (the kernel's ``decode``).
