@@ -10,6 +10,8 @@ that family, trained on the bundled data and saved by ``transformers`` itself:
              <extra_id_*> sentinels) + tokenizer_config.json, T5 1.1 (gated-gelu, head untied)
     llama    tokenizer.json (Llama 2's byte-fallback BPE: <unk>=0 <s>=1 </s>=2, <0x00>..<0xFF>,
              <s> ... added) + tokenizer_config.json, grouped-query attention (4 heads, 2 kv)
+    gemma3   llama's tokenizer files (<s> added), a Gemma3ForCausalLM: sandwich norms, QK-norm, one
+             global layer after two sliding ones (window 8), local and global RoPE bases
     qwen3    tokenizer.json (byte-level BPE, Qwen's <|endoftext|> and chat markers, nothing added)
              + tokenizer_config.json with a ChatML chat template (``CHATML``), QK-norm,
              grouped-query attention, a head width of its own
@@ -271,5 +273,28 @@ def qwen3(directory: Path, *, vocab: int = 500, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = transformers.Qwen3ForCausalLM(config).eval()
     randomise(model, std=0.3, skip=("rotary_emb",))
+    model.save_pretrained(directory)
+    return directory
+
+
+def gemma3(directory: Path, *, seed: int = 0) -> Path:
+    """A Gemma3ForCausalLM (4 heads of width 16, 1 key/value head, layers sliding, sliding, global
+    with a window of 8) with the tokenizer of ``llama`` (a SentencePiece-style BPE, <s> added)."""
+    import transformers
+
+    llama(directory)  # the tokenizer files; the Llama weights are replaced below
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        (directory / name).unlink(missing_ok=True)
+    vocab = len(json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+                ["vocab"])
+    config = transformers.Gemma3TextConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
+        max_position_embeddings=64, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    randomise(model, std=0.3, skip=("rotary_emb", "embed_scale"))
     model.save_pretrained(directory)
     return directory

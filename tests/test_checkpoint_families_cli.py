@@ -30,7 +30,7 @@ MAX_EXTRA = 50  # aiayn translate: source length + 50 positions, </s> forced at 
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
     return {"t5": builders.t5(root / "t5"), "llama": builders.llama(root / "llama"),
-            "qwen3": builders.qwen3(root / "qwen3")}
+            "qwen3": builders.qwen3(root / "qwen3"), "gemma3": builders.gemma3(root / "gemma3")}
 
 
 def run_cli(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -104,11 +104,13 @@ def hf_continuation(directory, prompt, *, new_tokens):
     return tokenizer.decode(generated[0], skip_special_tokens=True)
 
 
-def test_generate_on_llama_prints_what_transformers_generate_and_decode_print(checkpoints):
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_generate_on_llama_prints_what_transformers_generate_and_decode_print(checkpoints, family):
     """Covers the two ways a SentencePiece-style decoder differs from decoding the continuation
     alone: the space before a first "▁word" token (prompt "O") and byte-fallback runs that
-    become U+FFFD only once complete (streamed output)."""
-    directory = checkpoints["llama"]
+    become U+FFFD only once complete (streamed output). Gemma 3 with the same tokenizer: sandwich
+    norms, QK-norm, a sliding window, read from its files."""
+    directory = checkpoints[family]
     spaced = bytes_ = 0
     for prompt in PROMPTS:
         expected = hf_continuation(directory, prompt, new_tokens=12)
