@@ -100,3 +100,27 @@ def greedy_seq2seq(model, src: torch.Tensor, src_mask: torch.Tensor, steps: int,
             break
         logits = model.decode(token, None, memory_padding_mask=src_mask, cache=cache)
     return torch.cat(out, dim=1)
+
+
+def left_padded(vocab: int, lengths: list[int], *, seed: int = 0):
+    """Left-padded random ids (B, T) (pad 0, real ids from 3) and the mask (True = real)."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.randint(3, vocab, (len(lengths), width), generator=generator)
+    mask = torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]
+    return ids.masked_fill(~mask, 0), mask
+
+
+@torch.no_grad()
+def padded_logits(hf, model, vocab: int, lengths: list[int]):
+    """A decoder-only HF model's logits and an aiayn model's on the same rows, padded on the right
+    and on the left (explicit positions): [(got, want, mask) right, (got, want, mask) left]."""
+    ids, left_mask = left_padded(vocab, lengths)
+    right_mask = left_mask.flip(1)
+    right_ids = torch.stack([torch.cat([row[mask], row[~mask]])  # the same rows, padded right
+                             for row, mask in zip(ids, left_mask)])
+    positions = (left_mask.long().cumsum(1) - 1).clamp(min=0)
+    return [(model(right_ids, padding_mask=right_mask),
+             hf(right_ids, attention_mask=right_mask.long()).logits, right_mask),
+            (model(ids, padding_mask=left_mask, positions=positions),
+             hf(ids, attention_mask=left_mask.long(), position_ids=positions).logits, left_mask)]

@@ -14,7 +14,7 @@ import torch
 import aiayn
 from aiayn.decoding.generation import generate
 from aiayn.interop.hf import from_transformers
-from hf_helpers import randomise
+from hf_helpers import left_padded, padded_logits, randomise
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.skipif(
@@ -39,14 +39,6 @@ def hf_gemma(std: float = 0.15, **fields):
     return model
 
 
-def left_padded(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    width = max(lengths)
-    ids = torch.randint(3, VOCAB, (len(lengths), width), generator=generator)
-    mask = torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]
-    return ids.masked_fill(~mask, 0), mask
-
-
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-qkv", "separate-qkv"])
 def test_logits_match_hf_past_the_window_with_right_and_left_padding(fused):
     hf = hf_gemma()
@@ -58,31 +50,21 @@ def test_logits_match_hf_past_the_window_with_right_and_left_padding(fused):
     norm = ours.decoder.layers[0].feedforward_residual.post_norm.weight
     hf_norm = hf.model.layers[0].post_feedforward_layernorm.weight
     torch.testing.assert_close(norm, 1 + hf_norm, rtol=0, atol=0)  # Gemma's 1 + w, as a gain
-    ids, left_mask = left_padded([40, 31, 23])
-    right_mask = left_mask.flip(1)
-    right_ids = torch.stack([torch.cat([row[mask], row[~mask]])
-                             for row, mask in zip(ids, left_mask)])
-    positions = (left_mask.long().cumsum(1) - 1).clamp(min=0)
-    with torch.no_grad():
-        want_right = hf(right_ids, attention_mask=right_mask.long()).logits
-        want_left = hf(ids, attention_mask=left_mask.long(), position_ids=positions).logits
-        got_right = ours(right_ids, padding_mask=right_mask)
-        got_left = ours(ids, padding_mask=left_mask, positions=positions)
-        # each Gemma-specific piece matters at these lengths: without it the logits differ
-        for change in (dict(rope_local_theta=1e6), dict(sliding_window_layers=[0]),
-                       dict(rope_scaling=None)):
-            other = from_transformers(hf, fused_projections=fused, **change)
-            assert (other(right_ids, padding_mask=right_mask) - want_right)[right_mask] \
-                .abs().max() > 1e-2, change
-    assert want_right[right_mask].std() > 0.1
-    assert (got_right - want_right)[right_mask].abs().max() < 1e-4
-    assert (got_left - want_left)[left_mask].abs().max() < 1e-4
+    for got, want, mask in padded_logits(hf, ours, VOCAB, [40, 31, 23]):  # right, then left
+        assert want[mask].std() > 0.1
+        assert (got - want)[mask].abs().max() < 1e-4
+    # each Gemma-specific piece matters at these lengths: without it the logits differ
+    for change in (dict(rope_local_theta=1e6), dict(sliding_window_layers=[0]),
+                   dict(rope_scaling=None)):
+        other = from_transformers(hf, fused_projections=fused, **change)
+        got, want, mask = padded_logits(hf, other, VOCAB, [40, 31, 23])[0]
+        assert (got - want)[mask].abs().max() > 1e-2, change
 
 
 def test_fifty_greedy_tokens_of_left_padded_prompts_equal_hf_generate():
     hf = hf_gemma(std=0.3)
     ours = from_transformers(hf)
-    ids, mask = left_padded([9, 3, 6], seed=5)
+    ids, mask = left_padded(VOCAB, [9, 3, 6], seed=5)
     prompts = [row[row_mask].tolist() for row, row_mask in zip(ids, mask)]
     got = generate(ours, prompts, max_new_tokens=NEW_TOKENS, greedy=True).tokens
     hf.generation_config.eos_token_id = None

@@ -15,7 +15,7 @@ import torch
 import aiayn
 from aiayn.decoding.generation import generate
 from aiayn.interop.hf import from_transformers
-from hf_helpers import randomise
+from hf_helpers import left_padded, padded_logits, randomise
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,15 +73,6 @@ def hf_llama(case: str, std: float = 0.15):
     return model
 
 
-def left_padded(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded random ids (B, T) and the mask (True = real)."""
-    generator = torch.Generator().manual_seed(seed)
-    width = max(lengths)
-    ids = torch.randint(3, VOCAB, (len(lengths), width), generator=generator)
-    mask = torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]
-    return ids.masked_fill(~mask, 0), mask
-
-
 @pytest.mark.parametrize("case", cases(*CASES))
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-qkv", "separate-qkv"])
 def test_logits_match_hf_with_right_and_left_padding(case, fused):
@@ -89,20 +80,9 @@ def test_logits_match_hf_with_right_and_left_padding(case, fused):
     ours = from_transformers(hf, fused_projections=fused)
     if case == "gqa-tied":
         assert ours.lm_head.weight is ours.decoder.embeddings.tokens.weight
-    lengths = [11, 7, 4]
-    ids, left_mask = left_padded(lengths)
-    right_mask = left_mask.flip(1)
-    right_ids = torch.stack([torch.cat([row[mask], row[~mask]])  # the same rows, padded right
-                             for row, mask in zip(ids, left_mask)])
-    positions = (left_mask.long().cumsum(1) - 1).clamp(min=0)
-    with torch.no_grad():
-        want_right = hf(right_ids, attention_mask=right_mask.long()).logits
-        want_left = hf(ids, attention_mask=left_mask.long(), position_ids=positions).logits
-        got_right = ours(right_ids, padding_mask=right_mask)
-        got_left = ours(ids, padding_mask=left_mask, positions=positions)
-    assert want_right[right_mask].std() > 0.1  # far from uniform: the test can fail
-    assert (got_right - want_right)[right_mask].abs().max() < 1e-4
-    assert (got_left - want_left)[left_mask].abs().max() < 1e-4
+    for got, want, mask in padded_logits(hf, ours, VOCAB, [11, 7, 4]):  # right, then left
+        assert want[mask].std() > 0.1  # far from uniform: the test can fail
+        assert (got - want)[mask].abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("case", cases(*SCALED))
@@ -157,7 +137,7 @@ def test_fifty_greedy_tokens_equal_hf_generate(case):
     hf = hf_llama(case, std=0.3)
     ours = from_transformers(hf)
     for seed in range(3):
-        prompt, mask = left_padded([4 + seed], seed=seed)
+        prompt, mask = left_padded(VOCAB, [4 + seed], seed=seed)
         got = generate(ours, prompt, max_new_tokens=NEW_TOKENS, greedy=True).tokens
         assert got == hf_greedy(hf, prompt, mask)
 
@@ -165,7 +145,7 @@ def test_fifty_greedy_tokens_equal_hf_generate(case):
 def test_fifty_greedy_tokens_of_left_padded_prompts_equal_hf_generate():
     hf = hf_llama("gqa-8q-2kv-untied", std=0.3)
     ours = from_transformers(hf)
-    ids, mask = left_padded([9, 3, 6], seed=5)
+    ids, mask = left_padded(VOCAB, [9, 3, 6], seed=5)
     prompts = [row[row_mask].tolist() for row, row_mask in zip(ids, mask)]
     got = generate(ours, prompts, max_new_tokens=NEW_TOKENS, greedy=True).tokens
     want = hf_greedy(hf, ids, mask)

@@ -15,7 +15,7 @@ import torch
 import aiayn
 from aiayn.decoding.generation import generate
 from aiayn.interop.hf import from_transformers
-from hf_helpers import needs_transformers_5, randomise
+from hf_helpers import left_padded, needs_transformers_5, padded_logits, randomise
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,14 +51,6 @@ def hf_model(family: str, std: float = 0.15, **fields):
     return model
 
 
-def left_padded(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    width = max(lengths)
-    ids = torch.randint(3, VOCAB, (len(lengths), width), generator=generator)
-    mask = torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]
-    return ids.masked_fill(~mask, 0), mask
-
-
 @pytest.mark.parametrize("family", ALL)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-qkv", "separate-qkv"])
 def test_logits_match_hf_with_right_and_left_padding(family, fused):
@@ -67,19 +59,9 @@ def test_logits_match_hf_with_right_and_left_padding(family, fused):
     config = ours.config
     assert (config.qkv_bias, config.qk_norm) == {"mistral": (None, False), "qwen2": (True, False),
                                                  "qwen3": (None, True)}[family]
-    ids, left_mask = left_padded([11, 7, 4])
-    right_mask = left_mask.flip(1)
-    right_ids = torch.stack([torch.cat([row[mask], row[~mask]])
-                             for row, mask in zip(ids, left_mask)])
-    positions = (left_mask.long().cumsum(1) - 1).clamp(min=0)
-    with torch.no_grad():
-        want_right = hf(right_ids, attention_mask=right_mask.long()).logits
-        want_left = hf(ids, attention_mask=left_mask.long(), position_ids=positions).logits
-        got_right = ours(right_ids, padding_mask=right_mask)
-        got_left = ours(ids, padding_mask=left_mask, positions=positions)
-    assert want_right[right_mask].std() > 0.1  # far from uniform: the test can fail
-    assert (got_right - want_right)[right_mask].abs().max() < 1e-4
-    assert (got_left - want_left)[left_mask].abs().max() < 1e-4
+    for got, want, mask in padded_logits(hf, ours, VOCAB, [11, 7, 4]):  # right, then left
+        assert want[mask].std() > 0.1  # far from uniform: the test can fail
+        assert (got - want)[mask].abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("family", ALL)
@@ -108,7 +90,7 @@ def test_save_pretrained_round_trips_through_transformers(tmp_path, family):
 def test_fifty_greedy_tokens_of_left_padded_prompts_equal_hf_generate(family):
     hf = hf_model(family, std=0.3)
     ours = from_transformers(hf)
-    ids, mask = left_padded([9, 3, 6], seed=5)
+    ids, mask = left_padded(VOCAB, [9, 3, 6], seed=5)
     prompts = [row[row_mask].tolist() for row, row_mask in zip(ids, mask)]
     got = generate(ours, prompts, max_new_tokens=NEW_TOKENS, greedy=True).tokens
     hf.generation_config.eos_token_id = None  # 50 tokens, no early stop
@@ -138,22 +120,12 @@ def test_a_sliding_window_matches_hf_past_the_window(family, fields, layers):
     hf = hf_model(family, std=0.3, **fields)
     ours = from_transformers(hf)
     assert (ours.config.sliding_window, ours.config.sliding_window_layers) == (8, layers)
-    ids, left_mask = left_padded([40, 31, 23])
-    right_mask = left_mask.flip(1)
-    right_ids = torch.stack([torch.cat([row[mask], row[~mask]])
-                             for row, mask in zip(ids, left_mask)])
-    positions = (left_mask.long().cumsum(1) - 1).clamp(min=0)
-    with torch.no_grad():
-        want_right = hf(right_ids, attention_mask=right_mask.long()).logits
-        want_left = hf(ids, attention_mask=left_mask.long(), position_ids=positions).logits
-        got_right = ours(right_ids, padding_mask=right_mask)
-        got_left = ours(ids, padding_mask=left_mask, positions=positions)
-        unwindowed = from_transformers(hf, sliding_window=None, sliding_window_layers=None)
-        assert (unwindowed(right_ids, padding_mask=right_mask) - want_right)[right_mask].abs() \
-            .max() > 1e-2  # the window matters at these lengths
-    assert (got_right - want_right)[right_mask].abs().max() < 1e-4
-    assert (got_left - want_left)[left_mask].abs().max() < 1e-4
-    prompts, mask = left_padded([9, 3, 6], seed=5)
+    for got, want, mask in padded_logits(hf, ours, VOCAB, [40, 31, 23]):  # right, then left
+        assert (got - want)[mask].abs().max() < 1e-4
+    unwindowed = from_transformers(hf, sliding_window=None, sliding_window_layers=None)
+    for got, want, mask in padded_logits(hf, unwindowed, VOCAB, [40, 31, 23]):
+        assert (got - want)[mask].abs().max() > 1e-2  # the window matters at these lengths
+    prompts, mask = left_padded(VOCAB, [9, 3, 6], seed=5)
     got = generate(ours, [row[m].tolist() for row, m in zip(prompts, mask)],
                    max_new_tokens=NEW_TOKENS, greedy=True).tokens
     hf.generation_config.eos_token_id = None

@@ -38,6 +38,15 @@ def llama(seed: int = 0, **changes) -> CausalLM:
     return model
 
 
+@torch.no_grad()
+def cached(model: CausalLM, ids: torch.Tensor, prefill: int) -> torch.Tensor:
+    """Logits of a prefill of ``prefill`` tokens, then one token at a time on the KV cache."""
+    cache = model.new_cache(ids.shape[0], ids.shape[1])
+    steps = [model(ids[:, :prefill], cache=cache)] + [model(ids[:, t:t + 1], cache=cache)
+                                                      for t in range(prefill, ids.shape[1])]
+    return torch.cat(steps, dim=1)
+
+
 def test_rms_norm_is_its_formula_without_mean_or_bias():
     model = llama()
     norm = model.decoder.layers[0].self_attention_residual.norm
@@ -113,11 +122,9 @@ def test_scaled_rope_decodes_with_a_cache_as_the_full_forward_and_saves(tmp_path
     ids = torch.randint(3, 50, (2, 40))  # past original_max_position_embeddings = 32
     with torch.no_grad():
         full = model(ids)
-        cache = model.new_cache(2, 40)
-        steps = [model(ids[:, :20], cache=cache)] + [model(ids[:, t:t + 1], cache=cache)
-                                                    for t in range(20, 40)]
+        steps = cached(model, ids, 20)
         assert not torch.allclose(llama()(ids), full, atol=1e-3)  # the scaling changes the model
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
     model.config.save(tmp_path / "config.json")
     assert TransformerConfig.load(tmp_path / "config.json") == model.config
 
@@ -152,10 +159,8 @@ def test_qk_norm_normalises_each_heads_queries_and_keys_before_the_rotation():
     assert attention.q_norm.weight.shape == (8,)  # over Dh, shared by the heads
     ids = torch.randint(3, 50, (2, 12))
     with torch.no_grad():
-        cache = model.new_cache(2, 12)
-        steps = [model(ids[:, :5], cache=cache)] + [model(ids[:, t:t + 1], cache=cache)
-                                                   for t in range(5, 12)]
-        torch.testing.assert_close(torch.cat(steps, dim=1), model(ids), rtol=1e-5, atol=1e-5)
+        steps = cached(model, ids, 5)
+        torch.testing.assert_close(steps, model(ids), rtol=1e-5, atol=1e-5)
 
 
 def test_a_sliding_window_hides_keys_more_than_w_minus_1_behind_by_hand():
@@ -188,10 +193,8 @@ def test_sliding_window_cached_decoding_and_slot_steps_equal_the_full_forward(at
     ids = torch.randint(3, 50, (2, 20))
     with torch.no_grad():
         full = model(ids)
-        cache = model.new_cache(2, 20)
-        steps = [model(ids[:, :6], cache=cache)] + [model(ids[:, t:t + 1], cache=cache)
-                                                   for t in range(6, 20)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+        steps = cached(model, ids, 6)
+    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
     got = generate(model, PROMPTS, max_new_tokens=25, greedy=True,
                    steps=GraphedSteps(use_graph=False))
     assert got.tokens == generate(model, PROMPTS, max_new_tokens=25, greedy=True).tokens
@@ -222,10 +225,8 @@ def test_sliding_layers_rotate_with_their_own_base():
         # both layers sliding with base 100 == every layer at rope_theta 100
         everywhere = llama(sliding_window=40, rope_local_theta=100.0)
         torch.testing.assert_close(everywhere(ids), llama(rope_theta=100.0)(ids))
-        cache = local.new_cache(2, 12)
-        steps = [local(ids[:, :5], cache=cache)] + [local(ids[:, t:t + 1], cache=cache)
-                                                   for t in range(5, 12)]
-        torch.testing.assert_close(torch.cat(steps, dim=1), local(ids), rtol=1e-5, atol=1e-5)
+        steps = cached(local, ids, 5)
+        torch.testing.assert_close(steps, local(ids), rtol=1e-5, atol=1e-5)
 
 
 def test_swiglu_is_down_of_silu_gate_times_up_without_biases():
@@ -284,10 +285,8 @@ def test_cached_decoding_equals_the_full_forward(attention):
     ids = torch.randint(3, 50, (2, 12))
     with torch.no_grad():
         full = model(ids)
-        cache = model.new_cache(2, 16)
-        steps = [model(ids[:, :5], cache=cache)] + [model(ids[:, t:t + 1], cache=cache)
-                                                   for t in range(5, 12)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+        steps = cached(model, ids, 5)
+    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
 
 
 def test_left_padded_rows_generate_what_they_generate_alone():

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiayn.interop.hf_tokenizer import read_json_object
+
 GENERATION_FILE = "generation_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 HF_TOP_K = 50  # transformers' GenerationConfig default, used when sampling without a top_k
@@ -45,18 +47,6 @@ class CheckpointGeneration:
     unsupported: tuple[str, ...] = ()
 
 
-def _read(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: must be a JSON object")
-    return data
-
-
 def _ids(value: Any) -> tuple[int, ...]:
     values = value if isinstance(value, list) else [value]
     return tuple(v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0)
@@ -66,13 +56,13 @@ def read_generation_settings(directory: str | Path) -> CheckpointGeneration:
     """The generation settings of a checkpoint directory (defaults where it has none).
 
     Raises:
-        ValueError: generation_config.json is not a JSON object or holds an impossible value.
+        ValueError: generation_config.json is not JSON or holds an impossible value.
     """
     directory = Path(directory)
     path = directory / GENERATION_FILE
-    settings = _read(path)
+    settings = read_json_object(path)
     if not settings:
-        path, model = directory / "config.json", _read(directory / "config.json")
+        path, model = directory / "config.json", read_json_object(directory / "config.json")
         settings = {"eos_token_id": model.get("eos_token_id")}
     temperature = settings.get("temperature", 1.0)
     top_k, top_p = settings.get("top_k", HF_TOP_K), settings.get("top_p", 1.0)
@@ -103,7 +93,7 @@ def chat_template(directory: str | Path) -> str | None:
     directory = Path(directory)
     if (directory / CHAT_TEMPLATE_FILE).is_file():
         return (directory / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
-    template = _read(directory / "tokenizer_config.json").get("chat_template")
+    template = read_json_object(directory / "tokenizer_config.json").get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")

@@ -24,7 +24,9 @@ SPECIAL_TOKENS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_toke
                   "eos_token")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A settings file of a checkpoint directory: {} when absent or not an object; ValueError
+    naming the file when it is not JSON."""
     if not path.is_file():
         return {}
     try:
@@ -124,10 +126,10 @@ def load_tokenizer(path: str | Path):
     from tokenizers import Tokenizer
 
     directory = Path(path)
-    settings = _read_json(directory / "tokenizer_config.json")
+    settings = read_json_object(directory / "tokenizer_config.json")
     specials = {name: value for name, value in settings.items()
                 if name in SPECIAL_TOKENS and isinstance(value, str)}
-    for name, value in _read_json(directory / "special_tokens_map.json").items():
+    for name, value in read_json_object(directory / "special_tokens_map.json").items():
         if name in SPECIAL_TOKENS:
             value = value.get("content") if isinstance(value, dict) else value
             if isinstance(value, str):
