@@ -252,6 +252,21 @@ def test_lm_vocabularies_scores_characters_and_bpe_on_the_same_characters(tmp_pa
     assert bpe["valid"][0]["bits_per_token"] > bpe["valid"][0]["bpc"]  # > 1 character a token
 
 
+def test_modern_generation_compares_qwen_and_gemma_shapes_with_hf(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Gemma3ForCausalLM"):
+        pytest.skip(f"transformers {transformers.__version__} has no Gemma3ForCausalLM")
+    out = tmp_path / "modern.json"
+    _run(tmp_path, "modern_generation.py", "--scale", "0.05", "--new", "4", "--rounds", "1",
+         "--out", str(out))
+    result = _read_json(out)
+    assert "--scale 0.05" in result["command"] and result["torch"] and result["transformers"]
+    assert [row["shape"] for row in result["rows"]] == ["qwen2.5-0.5b", "gemma-3-1b"]
+    for row in result["rows"]:
+        assert row["same_tokens"] is True
+        assert row["aiayn_tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0 and row["ratio"] > 0
+
+
 # --- quality against classic baselines ----------------------------------------------------------
 def test_classification_tfidf_baseline_against_a_run(tmp_path):
     pytest.importorskip("sklearn")

@@ -1,0 +1,126 @@
+"""Greedy generation with today's small checkpoints' shapes: aiayn vs Hugging Face ``generate``.
+
+Random weights at the published shapes (hub downloads are out of reach here), float32, batch 1,
+a 16-token prompt and ``--new`` new tokens, greedy, no end token:
+
+- Qwen2.5-0.5B: D 896, 24 layers, 14 query / 2 key-value heads, SwiGLU F 4864, biases on q, k, v,
+  vocabulary 151,936 tied, RoPE base 1e6 (``Qwen2ForCausalLM``);
+- Gemma-3-1B: D 1152, 26 layers, 4 query heads of width 256 / 1 key-value head, GEGLU F 6912,
+  sandwich norms, QK-norm, vocabulary 262,144 tied, 5 of 6 layers sliding with a window of 512
+  (``Gemma3ForCausalLM``).
+
+The aiayn side is ``aiayn.from_pretrained``'s model (``from_transformers``: the same weights) and
+``aiayn.decoding.generation.generate``; HF runs ``generate`` on SDPA attention, as its docs
+recommend. Both sides must produce the same tokens. Medians over alternating rounds; the ratio is
+aiayn's tokens/s over HF's. On a CPU both are bound by reading the weights once a token
+(2 GB for Qwen, 4 GB for Gemma in float32).
+
+    python3 benchmarks/modern_generation.py --out benchmarks/results/modern_generation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from common import alternate, cpu_name, save_results, setup
+
+PROMPT = 16
+SHAPES = {
+    "qwen2.5-0.5b": dict(config="Qwen2Config", model="Qwen2ForCausalLM", fields=dict(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+        tie_word_embeddings=True, use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "gemma-3-1b": dict(config="Gemma3TextConfig", model="Gemma3ForCausalLM", fields=dict(
+        vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+        sliding_window=512, max_position_embeddings=32768, tie_word_embeddings=True)),
+}
+
+
+def build(shape: str, scale: float):
+    """The HF model of ``shape`` (``scale`` < 1 shrinks widths and depth, for the tests)."""
+    import transformers
+
+    spec = SHAPES[shape]
+    fields = dict(spec["fields"])
+    if scale < 1:
+        for name in ("hidden_size", "intermediate_size", "vocab_size"):
+            fields[name] = max(64, int(fields[name] * scale) // 64 * 64)
+        fields["num_hidden_layers"] = max(2, int(fields["num_hidden_layers"] * scale))
+        if "head_dim" in fields:
+            fields["head_dim"] = fields["query_pre_attn_scalar"] = 32
+        else:
+            fields["hidden_size"] = fields["num_attention_heads"] * 32
+    config = getattr(transformers, spec["config"])(**fields, bos_token_id=0, eos_token_id=0,
+                                                   pad_token_id=0)
+    torch.manual_seed(0)
+    model = getattr(transformers, spec["model"])._from_config(config, attn_implementation="sdpa")
+    return model.eval()
+
+
+def run(shapes: list[str], *, new: int, rounds: int, scale: float) -> list[dict]:
+    from aiayn.decoding.generation import generate
+    from aiayn.interop.hf import from_transformers
+
+    rows = []
+    for shape in shapes:
+        hf = build(shape, scale)
+        ours = from_transformers(hf)
+        prompt = torch.randint(1, hf.config.vocab_size, (1, PROMPT),
+                               generator=torch.Generator().manual_seed(0))
+
+        def aiayn_side():
+            with torch.inference_mode():
+                return torch.tensor(generate(ours, prompt, max_new_tokens=new, greedy=True).tokens)
+
+        def hf_side():
+            with torch.inference_mode():
+                return hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                   num_beams=1, max_new_tokens=new, min_new_tokens=new,
+                                   pad_token_id=0, eos_token_id=None)[:, PROMPT:]
+
+        same = torch.equal(aiayn_side(), hf_side())
+        began = time.perf_counter()
+        timing = alternate({"aiayn": aiayn_side, "hf": hf_side}, rounds=rounds, warmup=0)
+        parameters = sum(p.numel() for p in hf.parameters())
+        row = dict(shape=shape, parameters=parameters, new_tokens=new, same_tokens=same,
+                   aiayn_tokens_per_s=new / timing.median("aiayn"),
+                   hf_tokens_per_s=new / timing.median("hf"),
+                   ratio=timing.median("hf") / timing.median("aiayn"),
+                   seconds=timing.seconds, wall_s=time.perf_counter() - began)
+        print(f"{shape}: {parameters / 1e6:.0f}M parameters, aiayn "
+              f"{row['aiayn_tokens_per_s']:.2f} tok/s, HF {row['hf_tokens_per_s']:.2f} tok/s, "
+              f"ratio {row['ratio']:.3f}, same tokens: {same}", flush=True)
+        rows.append(row)
+        hf = ours = None  # free both before the next shape is built
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    parser.add_argument("--new", type=int, default=32, help="new tokens per generation")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="shrink the shapes (tests); 1: the published sizes")
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    args = parser.parse_args()
+    setup()
+    rows = run(args.shapes, new=args.new, rounds=args.rounds, scale=args.scale)
+    if args.out:
+        import transformers
+
+        save_results(Path(args.out), dict(
+            command="python3 benchmarks/" + " ".join(sys.argv[0].split("/")[-1:] + sys.argv[1:]),
+            cpu=cpu_name(), threads=torch.get_num_threads(), torch=torch.__version__,
+            transformers=transformers.__version__, rows=rows))
+
+
+if __name__ == "__main__":
+    main()
