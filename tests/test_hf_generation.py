@@ -84,14 +84,12 @@ def test_greedy_with_a_repetition_penalty_matches_generate_on_left_padded_prompt
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.arange(width) >= width - torch.tensor([7, 3, 5])[:, None]  # True = real
-    positions = (mask.long().cumsum(1) - 1).clamp(min=0)
     results = {}
     for penalty in (1.0, 1.5):
         with torch.no_grad():
-            out = hf.generate(ids, attention_mask=mask.long(), position_ids=positions,
-                              do_sample=False, num_beams=1, max_new_tokens=NEW_TOKENS,
-                              min_new_tokens=NEW_TOKENS, repetition_penalty=penalty,
-                              pad_token_id=0)
+            out = hf.generate(ids, attention_mask=mask.long(), do_sample=False, num_beams=1,
+                              max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                              repetition_penalty=penalty, pad_token_id=0)
         want = out[:, width:].tolist()
         got = generate(ours, prompts, max_new_tokens=NEW_TOKENS, greedy=True,
                        repetition_penalty=penalty).tokens
