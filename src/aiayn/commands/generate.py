@@ -164,12 +164,12 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     run_ = load_model_dir(args.run_dir, task="lm")
     vocabulary, context = run_.assets, run_.model_config.max_length
-    # A checkpoint's settings: its own directory's, or those a run fine-tuned from it copied
-    settings = Path(args.run_dir) if not (Path(args.run_dir) / RUN_FILE).is_file() else \
-        getattr(vocabulary, "directory", None)
+    # A checkpoint's settings: in its own directory, or copied with its tokenizer into a run
+    # fine-tuned from it (both are the tokenizer's directory); a run from scratch has none
+    settings = getattr(vocabulary, "directory", None)
+    is_run = (Path(args.run_dir) / RUN_FILE).is_file()
     checkpoint = None
-    if settings is not None and (not (Path(args.run_dir) / RUN_FILE).is_file()
-                                 or (settings / GENERATION_FILE).is_file()):
+    if settings is not None and (not is_run or (settings / GENERATION_FILE).is_file()):
         checkpoint = read_generation_settings(settings)
         for setting in checkpoint.unsupported:
             print(f"aiayn generate: warning: {settings / GENERATION_FILE} sets {setting}, which "

@@ -28,10 +28,11 @@ from typing import Any
 from torch import nn
 
 from aiayn.config import TransformerConfig
-from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, NameMap, Rule, activation_from_hf,
+from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, NameMap, activation_from_hf,
                                      build_config, require)
+from aiayn.interop.hf_llama import name_map as llama_name_map
+from aiayn.interop.hf_llama import rope_settings, token_id
 from aiayn.models import CausalLM
-from aiayn.nn.rotary import check_rope_scaling
 
 MODEL_TYPES = ("gemma3_text",)
 ARCHITECTURES = {"Gemma3ForCausalLM": "causal_lm", "Gemma3TextModel": "causal_lm"}
@@ -42,21 +43,15 @@ def _rope(hf: dict[str, Any], source) -> tuple[float, dict[str, Any] | None, flo
     """(global theta, global scaling or None, local theta) from transformers 5's nested
     ``rope_parameters`` or 4's ``rope_theta`` / ``rope_scaling`` / ``rope_local_base_freq``."""
     nested = hf.get("rope_parameters") or {}
-    full = dict(nested.get(FULL) or hf.get("rope_scaling") or {})
-    local = dict(nested.get(SLIDING) or {})
-    theta = float(full.pop("rope_theta", hf.get("rope_theta", 1_000_000.0)))
-    local_theta = float(local.pop("rope_theta", hf.get("rope_local_base_freq", 10_000.0)))
-    if local.get("rope_type", "default") != "default":
+    max_length = hf.get("max_position_embeddings")
+    theta, scaling = rope_settings(nested.get(FULL) or hf.get("rope_scaling") or {},
+                                   hf.get("rope_theta", 1_000_000.0), max_length, source)
+    local_theta, local_scaling = rope_settings(nested.get(SLIDING) or {},
+                                               hf.get("rope_local_base_freq", 10_000.0),
+                                               max_length, source)
+    if local_scaling is not None:
         raise ValueError(f"{source / CONFIG_FILE}: scaled RoPE on the sliding layers "
-                         f"({local['rope_type']!r}) is not supported")
-    kind = full.pop("rope_type", full.pop("type", "default"))
-    if kind == "default":
-        return theta, None, local_theta
-    scaling = {"rope_type": kind, **full}
-    try:
-        check_rope_scaling(scaling)
-    except ValueError as error:
-        raise ValueError(f"{source / CONFIG_FILE}: {error}") from None
+                         f"({local_scaling['rope_type']!r}) is not supported")
     return theta, scaling, local_theta
 
 
@@ -98,9 +93,8 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
     window = hf.get("sliding_window") if sliding else None
 
     def token(name: str, default: int) -> int:
-        value = hf.get(name, default)
-        value = value[0] if isinstance(value, list) and value else value
-        return value if isinstance(value, int) and 0 <= value < vocab_size else default
+        value = token_id(hf.get(name), vocab_size)
+        return default if value is None else value
 
     fields: dict[str, Any] = dict(
         vocab_size=vocab_size, d_model=d_model, n_heads=heads,
@@ -126,40 +120,18 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
     return build_config(fields, source)
 
 
+# aiayn's norms in a layer -> Gemma's names: one before and one after each sub-layer
+GEMMA_NORMS = {"self_attention_residual.norm": "input_layernorm",
+               "self_attention_residual.post_norm": "post_attention_layernorm",
+               "feedforward_residual.norm": "pre_feedforward_layernorm",
+               "feedforward_residual.post_norm": "post_feedforward_layernorm"}
+
+
 def name_map(config: TransformerConfig, prefix: str, *, has_head: bool) -> NameMap:
-    """How a Gemma 3 checkpoint (keys under ``prefix``: "model." or "") fills a ``CausalLM``."""
-    n = config.n_decoder_layers
-    layer, hf_layer = "decoder.layers.{}.", f"{prefix}layers.{{}}."
-    norms = {"self_attention_residual.norm": "input_layernorm",
-             "self_attention_residual.post_norm": "post_attention_layernorm",
-             "feedforward_residual.norm": "pre_feedforward_layernorm",
-             "feedforward_residual.post_norm": "post_feedforward_layernorm",
-             "self_attention.q_norm": "self_attn.q_norm",
-             "self_attention.k_norm": "self_attn.k_norm"}
-    rules = [Rule("decoder.embeddings.tokens.weight", (f"{prefix}embed_tokens.weight",)),
-             Rule("decoder.norm.weight", (f"{prefix}norm.weight",), layout="plus_one")]
-    rules += [Rule(f"{layer}{ours}.weight", (f"{hf_layer}{theirs}.weight",), n, layout="plus_one")
-              for ours, theirs in norms.items()]
-    q, k, v = (f"{hf_layer}self_attn.{name}.weight" for name in ("q_proj", "k_proj", "v_proj"))
-    if config.fused_projections:
-        inner, kv_inner = config.n_heads * config.head_dim, config.kv_heads * config.head_dim
-        rules.append(Rule(f"{layer}self_attention.qkv_proj.weight", (q, k, v), n,
-                          sizes=(inner, kv_inner, kv_inner)))
-    else:
-        rules += [Rule(f"{layer}self_attention.{name}_proj.weight", (hf,), n)
-                  for name, hf in (("q", q), ("k", k), ("v", v))]
-    rules.append(Rule(f"{layer}self_attention.out_proj.weight",
-                      (f"{hf_layer}self_attn.o_proj.weight",), n))
-    rules += [Rule(f"{layer}feedforward.{name}.weight", (f"{hf_layer}mlp.{name}.weight",), n)
-              for name in ("gate_proj", "up_proj", "down_proj")]
-    ties, new = [], []
-    if config.tie_output:
-        ties.append((f"{prefix}embed_tokens.weight", "lm_head.weight"))
-    elif has_head:
-        rules.append(Rule("lm_head.weight", ("lm_head.weight",)))
-    else:
-        new.append("lm_head.weight")
-    return NameMap(rules, ties=ties, new=new)
+    """How a Gemma 3 checkpoint (keys under ``prefix``: "model." or "") fills a ``CausalLM``:
+    Llama's map with Gemma's four norms a layer, every norm stored as w = gain - 1."""
+    return llama_name_map(config, prefix, has_head=has_head, norms=GEMMA_NORMS,
+                          norm_layout="plus_one")
 
 
 def plan(checkpoint: Checkpoint, architecture: str, task: str | None,

@@ -39,17 +39,24 @@ ARCHITECTURES = {f"{name}{suffix}": "causal_lm" for name in ("Llama", "Mistral",
 def _rope(hf: dict[str, Any], source) -> tuple[float, dict[str, Any] | None]:
     """rope_theta and the scaled RoPE (``rope_scaling``, None when plain) of a config.json:
     transformers 5 keeps both in ``rope_parameters``, 4 in ``rope_theta`` and ``rope_scaling``."""
-    parameters = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    theta = float(parameters.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+    return rope_settings(hf.get("rope_parameters") or hf.get("rope_scaling") or {},
+                         hf.get("rope_theta", 10000.0), hf.get("max_position_embeddings"), source)
+
+
+def rope_settings(parameters: dict[str, Any], theta: float, max_length: int | None,
+                  source) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) of one set of HF RoPE parameters (``theta`` when they hold
+    none), with the fields transformers fills in for "llama3" and "yarn"; refused scalings named
+    with their config.json."""
+    parameters = dict(parameters)
+    theta = float(parameters.pop("rope_theta", theta))
     kind = parameters.pop("rope_type", parameters.pop("type", "default"))
     if kind == "default":
         return theta, None
     if kind in ("llama3", "yarn"):  # as transformers fills them in
-        parameters.setdefault("original_max_position_embeddings",
-                              hf.get("max_position_embeddings"))
-    if kind == "yarn" and parameters.get("factor") is None and hf.get("max_position_embeddings"):
-        parameters["factor"] = hf["max_position_embeddings"] / \
-            parameters["original_max_position_embeddings"]
+        parameters.setdefault("original_max_position_embeddings", max_length)
+    if kind == "yarn" and parameters.get("factor") is None and max_length:
+        parameters["factor"] = max_length / parameters["original_max_position_embeddings"]
     scaling = {"rope_type": kind, **parameters}
     try:
         check_rope_scaling(scaling)
@@ -58,7 +65,8 @@ def _rope(hf: dict[str, Any], source) -> tuple[float, dict[str, Any] | None]:
     return theta, scaling
 
 
-def _token_id(value: Any, vocab_size: int) -> int | None:
+def token_id(value: Any, vocab_size: int) -> int | None:
+    """A config.json token id (the first of a list); None when absent or outside the vocabulary."""
     value = value[0] if isinstance(value, list) and value else value
     return value if isinstance(value, int) and 0 <= value < vocab_size else None
 
@@ -110,9 +118,9 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
     d_model = require(hf, "hidden_size", source)
     heads = require(hf, "num_attention_heads", source)
     head_dim = hf.get("head_dim") or d_model // heads
-    eos = _token_id(hf.get("eos_token_id"), vocab_size)
-    bos = _token_id(hf.get("bos_token_id"), vocab_size)
-    pad = _token_id(hf.get("pad_token_id"), vocab_size)
+    eos = token_id(hf.get("eos_token_id"), vocab_size)
+    bos = token_id(hf.get("bos_token_id"), vocab_size)
+    pad = token_id(hf.get("pad_token_id"), vocab_size)
     eos = eos if eos is not None else (bos if bos is not None else 0)
     bos = bos if bos is not None else eos
     fields: dict[str, Any] = dict(
@@ -137,16 +145,23 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
     return build_config(fields, source)
 
 
-def name_map(config: TransformerConfig, prefix: str, *, has_head: bool) -> NameMap:
-    """How a Llama-family checkpoint (keys under ``prefix``: "model." or "") fills a ``CausalLM``."""
+# aiayn's norms in a layer -> Llama's names for them
+LLAMA_NORMS = {"self_attention_residual.norm": "input_layernorm",
+               "feedforward_residual.norm": "post_attention_layernorm"}
+
+
+def name_map(config: TransformerConfig, prefix: str, *, has_head: bool,
+             norms: dict[str, str] = LLAMA_NORMS, norm_layout: str = "same") -> NameMap:
+    """How a Llama-family checkpoint (keys under ``prefix``: "model." or "") fills a ``CausalLM``.
+
+    ``norms``: the layer's residual norms by their HF names; ``norm_layout``: how every norm
+    weight is stored (Gemma: "plus_one")."""
     n = config.n_decoder_layers
     layer, hf_layer = "decoder.layers.{}.", f"{prefix}layers.{{}}."
     rules = [Rule("decoder.embeddings.tokens.weight", (f"{prefix}embed_tokens.weight",)),
-             Rule("decoder.norm.weight", (f"{prefix}norm.weight",)),
-             Rule(f"{layer}self_attention_residual.norm.weight",
-                  (f"{hf_layer}input_layernorm.weight",), n),
-             Rule(f"{layer}feedforward_residual.norm.weight",
-                  (f"{hf_layer}post_attention_layernorm.weight",), n)]
+             Rule("decoder.norm.weight", (f"{prefix}norm.weight",), layout=norm_layout)]
+    rules += [Rule(f"{layer}{ours}.weight", (f"{hf_layer}{theirs}.weight",), n, layout=norm_layout)
+              for ours, theirs in norms.items()]
     inner, kv_inner = config.n_heads * config.head_dim, config.kv_heads * config.head_dim
     qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
     for kind in ("weight", "bias") if qkv_bias else ("weight",):
@@ -157,9 +172,10 @@ def name_map(config: TransformerConfig, prefix: str, *, has_head: bool) -> NameM
         else:
             rules += [Rule(f"{layer}self_attention.{name}_proj.{kind}", (hf,), n)
                       for name, hf in (("q", q), ("k", k), ("v", v))]
-    if config.qk_norm:  # Qwen3
-        rules += [Rule(f"{layer}self_attention.{name}.weight", (f"{hf_layer}self_attn.{name}.weight",),
-                       n) for name in ("q_norm", "k_norm")]
+    if config.qk_norm:  # Qwen3, Gemma 3
+        rules += [Rule(f"{layer}self_attention.{name}.weight",
+                       (f"{hf_layer}self_attn.{name}.weight",), n, layout=norm_layout)
+                  for name in ("q_norm", "k_norm")]
     for kind in ("weight", "bias") if config.bias else ("weight",):
         rules.append(Rule(f"{layer}self_attention.out_proj.{kind}",
                           (f"{hf_layer}self_attn.o_proj.{kind}",), n))
