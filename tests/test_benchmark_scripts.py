@@ -252,6 +252,19 @@ def test_lm_vocabularies_scores_characters_and_bpe_on_the_same_characters(tmp_pa
     assert bpe["valid"][0]["bits_per_token"] > bpe["valid"][0]["bpc"]  # > 1 character a token
 
 
+def test_lm_large_text_memory_measures_each_command(tmp_path):
+    out = tmp_path / "memory.json"
+    printed = _run(tmp_path, "lm_large_text_memory.py", "--repeat", "2", "--rows", "char",
+                   "evaluate-char", "--out", str(out))
+    result = _read_json(out)
+    assert result["text_mb"]["big"] == pytest.approx(2 * result["text_mb"]["small"], rel=0.01)
+    assert list(result["rows"]) == ["char", "evaluate-char"] and "--repeat 2" in result["command"]
+    for name, row in result["rows"].items():
+        assert 50 < row["peak_mb"] < 4000 and row["seconds"] > 0 and name in printed
+    assert result["rows"]["char"]["command"].startswith("aiayn train lm --data $TMP/big.txt")
+    assert "evaluate $TMP/runs/evaluate-char" in result["rows"]["evaluate-char"]["command"]
+
+
 def test_modern_generation_compares_qwen_and_gemma_shapes_with_hf(tmp_path):
     transformers = pytest.importorskip("transformers")
     if not hasattr(transformers, "Gemma3ForCausalLM"):

@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,6 +84,91 @@ def test_char_vocabulary_round_trip_and_unknown_characters(tmp_path):
         CharVocabulary.load(tmp_path)
     with pytest.raises(ValueError, match="distinct"):
         CharVocabulary(["a", "a"])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_vectorised_ids_equal_a_lookup_character_by_character(seed):
+    """``ids`` (a binary search over code points) gives the id of each character as a dict lookup
+    does, for any characters (astral ones, a lone surrogate) and symbols in any order."""
+    import random
+
+    rng = random.Random(seed)
+    alphabet = list("ab\n\t \r\u00e9\u4e2d\U0001f600\ud800") + [chr(rng.randrange(0x110000))
+                                                                 for _ in range(20)]
+    alphabet = list(dict.fromkeys(alphabet))
+    rng.shuffle(alphabet)  # ids in no sorted order
+    vocabulary = CharVocabulary(alphabet)
+    text = "".join(rng.choice(alphabet) for _ in range(500))
+    ids = vocabulary.ids(text)
+    assert ids.dtype == np.int64 and ids.tolist() == [alphabet.index(c) for c in text]
+    assert vocabulary.encode(text) == ids.tolist() and vocabulary.decode(ids.tolist()) == text
+    assert vocabulary.ids("").tolist() == []
+    for outside in ("\x00", "\U0010ffff", "z"):
+        if outside not in alphabet:
+            with pytest.raises(ValueError, match="is not in the model's vocabulary"):
+                vocabulary.ids(text[:7] + outside)
+
+
+def test_character_ids_are_streamed_to_token_files_as_encoding_the_whole_text(tmp_path,
+                                                                             monkeypatch):
+    """The task's character ids (memory-mapped token files, written in chunks) equal encoding each
+    split whole (nanoGPT's shakespeare_char preparation), for a text of CR LF lines and non-ASCII
+    characters cut into many chunks; a resumed run reuses the files, a changed text remakes them."""
+    from aiayn.data import token_files
+
+    monkeypatch.setattr(token_files, "CHUNK_CHARACTERS", 50)
+    monkeypatch.setattr(token_files, "CHUNKS_PER_BATCH", 3)
+    path = tmp_path / "t.txt"
+    path.write_bytes(("Früh:\r\n  Gruß — 東京 😀\r\n\r\n" + TEXT).encode("utf-8") * 3)
+    text = read_text(path)
+    reference = CharVocabulary.from_text(text)
+    train, valid = split_text(text, 0.25)
+    run_dir = tmp_path / "run"
+    task = LanguageModelTask(path, valid_fraction=0.25, run_dir=run_dir)
+    assert task.vocabulary.symbols == reference.symbols and "\r" not in task.vocabulary.symbols
+    assert isinstance(task.train_ids, np.memmap) and task.train_ids.dtype == np.uint16
+    assert task.train_ids.tolist() == reference.encode(train)
+    assert task.valid_ids.tolist() == reference.encode(valid)
+    in_memory = LanguageModelTask(path, valid_fraction=0.25)  # no run directory
+    assert in_memory.valid_ids.tolist() == reference.encode(valid)
+    made = (run_dir / "tokens" / "train.bin").stat().st_mtime_ns
+    again = LanguageModelTask(path, valid_fraction=0.25, run_dir=run_dir)
+    assert (run_dir / "tokens" / "train.bin").stat().st_mtime_ns == made
+    assert again.train_ids.tolist() == task.train_ids.tolist()
+    path.write_text(TEXT, encoding="utf-8")
+    changed = LanguageModelTask(path, valid_fraction=0.25, run_dir=run_dir)
+    assert changed.valid_ids.tolist() == CharVocabulary.from_text(TEXT).encode(
+        split_text(TEXT, 0.25)[1])
+
+
+@pytest.mark.parametrize("where", ["train", "valid", "cut"])
+def test_a_character_outside_a_fine_tuned_vocabulary_is_reported_at_its_line(tmp_path,
+                                                                             monkeypatch, where):
+    """Fine-tuning a character model on a text with a new character names the file, the line and
+    the column, wherever the chunks fall: deep in training, in the validation split, or in the
+    line the split cuts, after the cut."""
+    from aiayn.data import token_files
+    from aiayn.tasks.pretrained import PretrainedModel
+
+    monkeypatch.setattr(token_files, "CHUNK_CHARACTERS", 40)
+    monkeypatch.setattr(token_files, "CHUNKS_PER_BATCH", 2)
+    lines = TEXT.splitlines(keepends=True)
+    column = 6
+    if where == "cut":  # the line holding the first validation character, past it
+        cut, seen = int((len(TEXT) + 1) * 0.9), 0
+        number = next(n for n, line in enumerate(lines, 1) if (seen := seen + len(line)) > cut)
+        column = cut - (seen - len(lines[number - 1])) + 3
+        assert 1 < column < len(lines[number - 1])
+    else:
+        number = len(lines) - 2 if where == "valid" else 37
+    lines[number - 1] = lines[number - 1][:column - 1] + "Z" + lines[number - 1][column - 1:]
+    path = tmp_path / "z.txt"
+    path.write_text("".join(lines), encoding="utf-8")
+    pretrained = PretrainedModel(config=None, weights={}, tokenizer=CharVocabulary.from_text(TEXT),
+                                 source="a run")
+    with pytest.raises(ValueError, match=rf"z.txt:{number}: character 'Z' is not in the model's "
+                                         rf"vocabulary of \d+ characters \(column {column}\)"):
+        LanguageModelTask(path, pretrained=pretrained)
 
 
 def test_split_is_first_ninety_and_last_ten_percent():

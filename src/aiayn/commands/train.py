@@ -13,6 +13,7 @@ import argparse
 import importlib
 import json
 import os
+import shutil
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -310,18 +311,28 @@ def _train(args: argparse.Namespace) -> int:
 
     from aiayn.config import TransformerConfig
     from aiayn.training import train
-    from aiayn.training.run import TrainingSettingsChanged
-    from aiayn.training.process_group import world_size_from_env
+    from aiayn.training.run import RUN_FILE, TrainingSettingsChanged, check_task
+    from aiayn.training.process_group import is_rank_zero, world_size_from_env
 
     if args.threads:
         torch.set_num_threads(args.threads)
     module = task_module(args.task)
-    task = module.make_task(args)
-    model_config = task.model_config(
-        TransformerConfig.preset(args.preset, **parse_overrides(args.set)))
-    training = training_config_from_args(args, model_config.d_model)
-    torch.manual_seed(args.seed)
-    model = task.build_model(model_config)
+    # Reading the data may write into the run directory (a learned tokenizer, token files); a new
+    # run directory is removed again when the data or the options turn out not to fit.
+    new_run = not Path(args.out).exists()
+    if (Path(args.out) / RUN_FILE).is_file():  # nothing is written into another task's run
+        check_task(Path(args.out), args.task)
+    try:
+        task = module.make_task(args)
+        model_config = task.model_config(
+            TransformerConfig.preset(args.preset, **parse_overrides(args.set)))
+        training = training_config_from_args(args, model_config.d_model)
+        torch.manual_seed(args.seed)
+        model = task.build_model(model_config)
+    except BaseException:
+        if new_run and Path(args.out).is_dir() and is_rank_zero():
+            shutil.rmtree(args.out, ignore_errors=True)
+        raise
     try:
         metrics = train(model, task, training, args.out, model_config=model_config,
                         resume=not args.no_resume)

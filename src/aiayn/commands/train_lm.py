@@ -125,9 +125,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     default) or ``train.bin``, scored in bits per token."""
     import torch
 
-    from aiayn.data.text import VALID_FRACTION, CharVocabulary, read_text, split_text
-    from aiayn.data.token_files import TokenFiles
-    from aiayn.tasks.lm import evaluate_ids, predicted_characters
+    from aiayn.data.text import VALID_FRACTION, CharVocabulary
+    from aiayn.data.token_files import TokenFiles, count_characters, encode_text
+    from aiayn.tasks.lm import batch_encoder, evaluate_ids, predicted_characters
     from aiayn.tasks.checkpoints import load_model_dir
 
     if args.split not in EVALUATION_SPLITS:
@@ -149,16 +149,21 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             ids = ids[:args.limit]
         metrics = evaluate_ids(model, ids, block_size=context, device=device, characters=0)
         return {"task": "lm", "data": str(path), "split": split, **metrics}
-    text = read_text(path)
+    # The part asked for, streamed through the vocabulary in the chunks training encoded its
+    # splits in (the same ids), held in memory as uint16 / uint32
+    total = count_characters(path)  # an empty text is an error here
+    start, stop = 0, total
     if args.split != "all":  # older runs and checkpoints: aiayn train lm's default fraction
         fraction = (run.info.get("assets") or {}).get("valid_fraction", VALID_FRACTION)
-        train_text, valid_text = split_text(text, fraction)
-        text = train_text if args.split == "train" else valid_text
+        cut = int(total * (1.0 - fraction))
+        start, stop = (0, cut) if args.split == "train" else (cut, total)
     if args.limit is not None:
-        text = text[:args.limit]
-    ids = torch.tensor(run.assets.encode(text, source=str(path)), dtype=torch.long)
+        stop = min(stop, start + args.limit)
+    vocabulary = run.assets
+    ids, length = encode_text(path, encode_batch=batch_encoder(vocabulary),
+                              vocab_size=len(vocabulary), start=start, stop=stop)
     characters = None  # characters: one token each
-    if not isinstance(run.assets, CharVocabulary):  # subwords: bits per character and per token
-        characters = predicted_characters(run.assets, ids, len(text))
+    if not isinstance(vocabulary, CharVocabulary):  # subwords: bits per character and per token
+        characters = predicted_characters(vocabulary, ids, length)
     metrics = evaluate_ids(model, ids, block_size=context, device=device, characters=characters)
     return {"task": "lm", "data": str(path), "split": args.split, **metrics}

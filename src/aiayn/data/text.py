@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from aiayn.data.text_files import data_error, read_lines
+
+
+def _code_points(text: str) -> np.ndarray:
+    """The code points of ``text`` as an int64 array (N,) (lone surrogates included)."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4").astype(np.int64)
 
 
 EMPTY_TEXT = ("the file is empty or holds only whitespace; a language model needs text to learn "
@@ -58,6 +63,24 @@ def _line_of(text: str, index: int) -> tuple[int, int]:
     return line, index - (text.rfind("\n", 0, index) + 1) + 1
 
 
+class UnknownCharacter(ValueError):
+    """A character outside a ``CharVocabulary``: ``char`` at ``index`` of the text encoded.
+    ``located`` turns it into the error a user reads (``source:line: ...``, with the column)."""
+
+    def __init__(self, char: str, index: int, size: int):
+        super().__init__(f"character {char!r} is not in the model's vocabulary of {size} "
+                         f"characters")
+        self.char, self.index, self.size = char, index, size
+
+    def located(self, source: str | Path, text: str, *, line: int = 1,
+                column: int = 1) -> ValueError:
+        """The error naming where the character is, ``text`` starting at (``line``, ``column``)
+        of ``source``. Raise what it returns."""
+        within, at = _line_of(text, self.index)
+        at += column - 1 if within == 1 else 0
+        return data_error(source, f"{self.args[0]} (column {at})", line=line + within - 1)
+
+
 class CharVocabulary:
     """Characters <-> ids; id i is the i-th character in sorted order.
 
@@ -78,13 +101,40 @@ class CharVocabulary:
             raise ValueError("vocabulary symbols must be distinct")
         self.symbols = symbols
         self.index = {symbol: i for i, symbol in enumerate(symbols)}
+        # Code points in ascending order and the id of each: ``ids`` looks characters up by a
+        # binary search over them, a whole text at once.
+        codes = _code_points("".join(symbols))
+        self._order = np.argsort(codes, kind="stable")
+        self._codes = codes[self._order]
 
     @classmethod
     def from_text(cls, text: str) -> "CharVocabulary":
         return cls(sorted(set(text)))
 
+    @classmethod
+    def from_lines(cls, lines: Iterable[str]) -> "CharVocabulary":
+        """The vocabulary of the text the lines spell, read one line at a time."""
+        seen: set[str] = set()
+        for line in lines:
+            seen.update(line)
+        return cls(sorted(seen))
+
     def __len__(self) -> int:
         return len(self.symbols)
+
+    def ids(self, text: str) -> np.ndarray:
+        """Ids of the characters of ``text``, an int64 array (N,).
+
+        Raises:
+            UnknownCharacter: the first character outside the vocabulary.
+        """
+        codes = _code_points(text)  # (N,)
+        where = np.searchsorted(self._codes, codes).clip(max=len(self._codes) - 1)  # (N,)
+        unknown = self._codes[where] != codes
+        if unknown.any():
+            index = int(unknown.argmax())
+            raise UnknownCharacter(text[index], index, len(self))
+        return self._order[where]
 
     def encode(self, text: str, *, source: str = "text") -> list[int]:
         """Ids of the characters of ``text``.
@@ -93,13 +143,9 @@ class CharVocabulary:
             ValueError: a character outside the vocabulary (``source:line: ...``, with the column).
         """
         try:
-            return [self.index[char] for char in text]
-        except KeyError as error:
-            char = error.args[0]
-            line, column = _line_of(text, text.index(char))
-            raise data_error(source, f"character {char!r} is not in the model's vocabulary of "
-                                     f"{len(self)} characters (column {column})",
-                             line=line) from None
+            return self.ids(text).tolist()
+        except UnknownCharacter as error:
+            raise error.located(source, text) from None
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self.symbols[i] for i in ids)

@@ -1,37 +1,42 @@
 """Token files: a text encoded once into flat arrays of token ids, memory-mapped for training.
 
-A subword language model reads its corpus as token ids. Holding them as a Python list costs ~36
-bytes a token (a tensor of int64, 8), so a corpus of some hundred million tokens would not fit in
-memory; nanoGPT instead writes the ids once to ``train.bin`` / ``val.bin`` (raw little-endian
-``uint16``) and memory-maps them. aiayn does the same, and reads nanoGPT's files as they are.
+A language model reads its corpus as token ids. Holding them as a Python list costs ~36 bytes a
+token (a tensor of int64, 8), so a corpus of some hundred million tokens would not fit in memory;
+nanoGPT instead writes the ids once to ``train.bin`` / ``val.bin`` (raw little-endian ``uint16``)
+and memory-maps them. aiayn does the same, for characters and subwords, and reads nanoGPT's files
+as they are.
 
-- ``encode_text_splits`` streams a UTF-8 text file (``aiayn.data.text_files``; ``.gz`` allowed)
-  through a tokenizer: the first ``1 - valid_fraction`` of the characters train, the rest validate
-  (the character split of ``aiayn.data.text.split_text``). Each split is encoded in chunks of about
-  64 K characters that end after a line ending in a non-space character and before a line starting with
-  one: for a byte-level BPE (GPT-2's pre-tokenizer) no token crosses such a point, so the ids are
-  those of encoding the whole split at once. No special tokens are added.
-- ``TokenFiles.write`` / ``TokenFiles.open``: ``train.bin``, ``val.bin`` and ``tokens.json`` (the
-  counts, the dtype, and what they were made from, so a resumed run reuses them only when the
-  text and the tokenizer are the same). Files are written under temporary names and renamed.
+- ``TokenFiles.write`` streams a UTF-8 text file (``aiayn.data.text_files``; ``.gz`` allowed)
+  through an encoder (``EncodeBatch``): the first ``1 - valid_fraction`` of the characters train,
+  the rest validate (the character split of ``aiayn.data.text.split_text``). Each split is encoded
+  in chunks of about 64 K characters that end after a line ending in a non-space character and
+  before a line starting with one: for a byte-level BPE (GPT-2's pre-tokenizer) no token crosses
+  such a point, so the ids are those of encoding the whole split at once (characters: trivially).
+  No special tokens are added. It writes ``train.bin``, ``val.bin`` and ``tokens.json`` (the counts,
+  the dtype, and what they were made from, so a resumed run reuses them only when the text and the
+  tokenizer are the same), under temporary names renamed when complete; ``TokenFiles.open`` maps
+  them again.
+- ``encode_text``: a range of a text's characters encoded the same way, in memory (evaluation).
 - ``TokenFiles.open_nanogpt``: nanoGPT's prepared directory (``train.bin`` + ``val.bin``, uint16).
 
-Ids are ``uint16`` when the vocabulary has at most 65,536 entries, else ``uint32``.
+A character outside a character vocabulary is reported at its line and column of the file, however
+the chunks fall. Ids are ``uint16`` when the vocabulary has at most 65,536 entries, else ``uint32``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from aiayn.data.text import EMPTY_TEXT, text_lines
+from aiayn.data.text import EMPTY_TEXT, UnknownCharacter, text_lines
 from aiayn.data.text_files import data_error
 
 TRAIN_FILE, VALID_FILE, INFO_FILE = "train.bin", "val.bin", "tokens.json"
@@ -104,21 +109,57 @@ def split_lines(path: str | Path, cut: int) -> tuple[Iterator[str], Callable[[],
     return head(), tail
 
 
-def _encode_into(chunks: Iterator[str], encode_batch: Callable[[list[str]], list[list[int]]],
-                 out: BinaryIO, dtype: np.dtype, vocab_size: int, where: str) -> tuple[int, int]:
-    """Encode ``chunks`` and append the ids to ``out``; (tokens, characters) written."""
+# What encodes a batch of texts into their ids (lists or arrays), without special tokens.
+EncodeBatch = Callable[[list[str]], Sequence[Sequence[int]]]
+
+
+@dataclass
+class _Position:
+    """Where the next character of a text read in order stands: line and column (1-based)."""
+
+    line: int = 1
+    column: int = 1
+
+    def advance(self, text: str) -> None:
+        newlines = text.count("\n")
+        self.line += newlines
+        self.column = len(text) - text.rfind("\n") if newlines else self.column + len(text)
+
+
+def _encode_into(chunks: Iterator[str], encode_batch: EncodeBatch, out: BinaryIO,
+                 dtype: np.dtype, vocab_size: int, where: str,
+                 position: _Position | None = None) -> tuple[int, int]:
+    """Encode ``chunks`` and append the ids to ``out``; (tokens, characters) written.
+
+    ``position``: where the first chunk starts in ``where`` (advanced past the chunks), so that a
+    character outside a ``CharVocabulary`` is reported at its line and column.
+    """
     tokens = characters = 0
+    position = position or _Position()
     pending: list[str] = []
 
     def flush() -> None:
         nonlocal tokens
-        for ids in encode_batch(pending):
+        try:
+            encoded = encode_batch(pending)
+        except UnknownCharacter:  # which chunk, and where it starts (the error path only)
+            for chunk in pending:
+                try:
+                    encode_batch([chunk])
+                except UnknownCharacter as error:
+                    raise error.located(where, chunk, line=position.line,
+                                        column=position.column) from None
+                position.advance(chunk)
+            raise
+        for ids in encoded:
             array = np.asarray(ids, dtype=np.int64)
             if array.size and (array.min() < 0 or array.max() >= vocab_size):
                 raise ValueError(f"{where}: the tokenizer produced id {int(array.max())}, outside "
                                  f"its vocabulary of {vocab_size}")
             out.write(array.astype(dtype.newbyteorder("<")).tobytes())
             tokens += array.size
+        for chunk in pending:
+            position.advance(chunk)
         pending.clear()
 
     for chunk in chunks:
@@ -129,6 +170,47 @@ def _encode_into(chunks: Iterator[str], encode_batch: Callable[[list[str]], list
     if pending:
         flush()
     return tokens, characters
+
+
+def encode_text(path: str | Path, *, encode_batch: EncodeBatch, vocab_size: int, start: int = 0,
+                stop: int | None = None) -> tuple[np.ndarray, int]:
+    """The ids of characters ``[start, stop)`` of the text file ``path`` (None: to its end),
+    encoded in memory as ``TokenFiles.write`` encodes a split (the same chunks, so the same ids);
+    and the number of characters encoded.
+
+    Raises:
+        FileNotFoundError / IsADirectoryError / ValueError: as ``aiayn.data.text.text_lines``; an
+            id outside the vocabulary (or a character outside a character vocabulary, at its line
+            and column).
+    """
+    import io
+
+    position, seen = _Position(), 0
+
+    def part() -> Iterator[str]:
+        nonlocal seen
+        for line in text_lines(path):
+            end = seen + len(line)
+            if end <= start:  # a whole line before the part (so it ends in a newline)
+                position.line += 1
+            else:
+                if seen < start:  # the part starts inside this line
+                    position.column += start - seen
+                piece = line[max(0, start - seen):len(line) if stop is None else stop - seen]
+                if piece:
+                    yield piece
+            seen = end
+            if stop is not None and seen >= stop:
+                return
+
+    dtype = token_dtype(vocab_size)
+    buffer = io.BytesIO()
+    lines = part()
+    first = next(lines, None)  # reads up to the part, so position is where it starts
+    chunks = _chunks(itertools.chain([first], lines) if first is not None else iter(()))
+    _, characters = _encode_into(chunks, encode_batch, buffer, dtype, vocab_size, str(path),
+                                 position)
+    return np.frombuffer(buffer.getbuffer(), dtype=dtype.newbyteorder("<")), characters
 
 
 def tokenizer_fingerprint(serialised: str) -> str:
@@ -160,7 +242,7 @@ class TokenFiles:
     info: dict[str, Any]
 
     @classmethod
-    def write(cls, path: str | Path, *, encode_batch: Callable[[list[str]], list[list[int]]],
+    def write(cls, path: str | Path, *, encode_batch: EncodeBatch,
               vocab_size: int, tokenizer_id: str, valid_fraction: float,
               directory: str | Path | None) -> "TokenFiles":
         """Encode the text file ``path`` (see the module docstring) into ``directory`` (None: into
@@ -187,11 +269,11 @@ class TokenFiles:
                 "tokenizer": tokenizer_id, "vocab_size": vocab_size, "dtype": dtype.name}
         head, tail = split_lines(path, cut)
         splits = ((TRAIN_FILE, lambda: head), (VALID_FILE, tail))  # tail: only once head is read
-        counts = {}
+        counts, position = {}, _Position()  # the validation split goes on where training ends
 
         def encode(name: str, lines: Callable[[], Iterator[str]], out: BinaryIO) -> None:
             counts[name] = _encode_into(_chunks(lines()), encode_batch, out, dtype, vocab_size,
-                                        str(path))
+                                        str(path), position)
 
         if directory is None:
             import io

@@ -4,13 +4,14 @@ Data: one plain text file, split into the first ``1 - valid_fraction`` of the ch
 training and the rest for validation (nanoGPT's tiny-Shakespeare split), or nanoGPT's prepared
 directory (``train.bin`` + ``val.bin``). The vocabulary is one of:
 
-- characters (the default): the sorted characters of the text, the ids held in memory;
+- characters (the default): the sorted characters of the text;
 - a byte-level BPE learned on the training split (``tokenizer="bpe"``, ``aiayn.data.byte_bpe``);
 - a Hugging Face tokenizer directory (``tokenizer=DIR``, e.g. GPT-2's), or the tokenizer of the
   checkpoint being fine-tuned (``pretrained``).
 
-Subword ids are written once to token files in the run directory and memory-mapped
-(``aiayn.data.token_files``), so the corpus need not fit in memory; a resumed run reuses them.
+The ids (characters' and subwords') are written once to token files in the run directory and
+memory-mapped (``aiayn.data.token_files``), so the corpus need not fit in memory; a resumed run
+reuses them.
 Training batches are windows at random offsets (nanoGPT's ``get_batch``), ``batches_per_epoch`` per
 epoch, drawn from a generator seeded by (seed, epoch) so a resumed run sees the same batches.
 Validation covers the WHOLE validation split once, in contiguous non-overlapping blocks (not a
@@ -38,8 +39,8 @@ from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
 from aiayn.data.text import (VALID_FRACTION, CharVocabulary, check_length, contiguous_blocks,
-                             random_blocks, read_text, split_text, token_slice)
-from aiayn.data.token_files import TokenFiles
+                             random_blocks, token_slice)
+from aiayn.data.token_files import EncodeBatch, TokenFiles, tokenizer_fingerprint
 from aiayn.models import CausalLM
 from aiayn.models.modes import evaluating
 from aiayn.tasks.checkpoints import TextTokenizer, load_pretrained_tokenizer, save_pretrained_tokenizer
@@ -47,6 +48,7 @@ from aiayn.tasks.pretrained import PretrainedModel
 from aiayn.training.chunked_loss import chunks_loss, projected_loss
 from aiayn.training.devices import default_device
 from aiayn.training.process_group import is_rank_zero, wait_for_rank_zero
+from aiayn.training.run import RUN_FILE, check_same_assets
 
 
 def token_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
@@ -100,6 +102,23 @@ def evaluate_ids(model: nn.Module, ids: Tensor | np.ndarray, *, block_size: int,
     if characters:
         metrics["bpc"] = total.item() / math.log(2) / characters
     return metrics
+
+
+def batch_encoder(vocabulary: CharVocabulary | TextTokenizer) -> EncodeBatch:
+    """How a text's chunks become token ids (``aiayn.data.token_files``): characters by a
+    vectorised lookup, a tokenizer's subwords without special tokens."""
+    if isinstance(vocabulary, CharVocabulary):
+        return lambda texts: [vocabulary.ids(text) for text in texts]
+    backend = vocabulary.tokenizer  # aiayn.interop.hf_tokenizer.PretrainedTokenizer
+    return lambda texts: backend.encode_batch(texts, add_special_tokens=False)
+
+
+def vocabulary_fingerprint(vocabulary: CharVocabulary | TextTokenizer) -> str:
+    """What identifies a vocabulary in ``tokens.json``: token files made with another are remade."""
+    if isinstance(vocabulary, CharVocabulary):
+        symbols = json.dumps(vocabulary.symbols, ensure_ascii=False)
+        return f"char:{tokenizer_fingerprint(symbols)}"
+    return tokenizer_fingerprint(vocabulary.tokenizer._tokenizer.to_str())
 
 
 def predicted_characters(vocabulary, ids: Tensor | np.ndarray, characters: int | None) -> int:
@@ -183,15 +202,15 @@ class LanguageModelTask:
         return "bpe" if str(tokenizer) == "bpe" else "tokenizer"
 
     def _from_characters(self) -> None:
-        text = read_text(self.path)
+        """The text's characters as ids in token files, as subwords are (``_token_files``): the
+        vocabulary is the text's sorted characters, or the fine-tuned checkpoint's."""
+        from aiayn.data.text import text_lines
+        from aiayn.data.token_files import count_characters
+
+        count_characters(self.path)  # an empty or unreadable text is an error before anything
         self.vocabulary = (self.pretrained.tokenizer if self.pretrained
-                           else CharVocabulary.from_text(text))
-        train_text, valid_text = split_text(text, self.valid_fraction)
-        where = str(self.path)
-        self.train_ids = torch.tensor(self.vocabulary.encode(train_text, source=where),
-                                      dtype=torch.long)
-        self.valid_ids = torch.tensor(self.vocabulary.encode(valid_text, source=where),
-                                      dtype=torch.long)
+                           else CharVocabulary.from_lines(text_lines(self.path)))
+        self._token_files()
 
     def _from_token_directory(self, tokenizer: str | Path | None) -> None:
         from aiayn.data.token_files import TRAIN_FILE, VALID_FILE
@@ -257,23 +276,20 @@ class LanguageModelTask:
         return vocabulary
 
     def _from_subwords(self, tokenizer: str | Path | None, vocab_size: int | None) -> None:
-        """The text's ids in token files (``run_dir/tokens``, reused when made from the same file
-        and tokenizer; written by rank 0 under torchrun), or in memory without a run directory."""
-        from aiayn.data.token_files import tokenizer_fingerprint
-
         self.vocabulary = self._subword_vocabulary(tokenizer, vocab_size)
-        backend = self.vocabulary.tokenizer  # aiayn.interop.hf_tokenizer.PretrainedTokenizer
+        self._token_files()
+        self.train_characters, self.valid_characters = (self.tokens.train_characters,
+                                                        self.tokens.valid_characters)
 
-        def encode_batch(texts: list[str]) -> list[list[int]]:
-            return backend.encode_batch(texts, add_special_tokens=False)
-
-        made_of = {"valid_fraction": self.valid_fraction,
-                   "tokenizer": tokenizer_fingerprint(backend._tokenizer.to_str())}
+    def _token_files(self) -> None:
+        """The text's ids in token files (``run_dir/tokens``, reused when made from the same file
+        and vocabulary; written by rank 0 under torchrun), or in memory without a run directory."""
+        tokenizer_id = vocabulary_fingerprint(self.vocabulary)
+        made_of = {"valid_fraction": self.valid_fraction, "tokenizer": tokenizer_id}
 
         def write(directory: Path | None) -> TokenFiles:
-            return TokenFiles.write(self.path, encode_batch=encode_batch,
-                                    vocab_size=len(self.vocabulary),
-                                    tokenizer_id=made_of["tokenizer"],
+            return TokenFiles.write(self.path, encode_batch=batch_encoder(self.vocabulary),
+                                    vocab_size=len(self.vocabulary), tokenizer_id=tokenizer_id,
                                     valid_fraction=self.valid_fraction, directory=directory)
 
         if self.run_dir is None:
@@ -281,13 +297,13 @@ class LanguageModelTask:
         else:
             directory = self.run_dir / self.TOKENS_DIR
             if is_rank_zero() and not self._saved_tokens(directory, made_of):
+                if (self.run_dir / RUN_FILE).is_file():  # a run resumed on another text: its
+                    check_same_assets(self.run_dir, self)  # vocabulary must be the run's first
                 write(directory)
             wait_for_rank_zero()
             tokens = TokenFiles.open(directory)
         self.tokens = tokens
         self.train_ids, self.valid_ids = tokens.train, tokens.valid
-        self.train_characters, self.valid_characters = (tokens.train_characters,
-                                                        tokens.valid_characters)
 
     def _saved_tokens(self, directory: Path, made_of: dict[str, Any]) -> bool:
         """Whether ``directory`` holds complete token files of this text and tokenizer."""

@@ -94,13 +94,19 @@ def read_run_info(run_dir: str | Path) -> dict[str, Any]:
     return info
 
 
+def check_task(run_dir: Path, task: str) -> dict[str, Any]:
+    """``run_dir``'s run.json, after checking that it holds a run of ``task``."""
+    info = read_run_info(run_dir)
+    if info["task"] != task:
+        raise ValueError(f"{run_dir} holds a run of task {info['task']!r}, not {task!r}")
+    return info
+
+
 def check_resumable(run_dir: Path, task: str, model_config: dict[str, Any],
                     training_config: dict[str, Any] | None = None) -> None:
     """Raise unless ``run_dir`` holds a run of ``task`` with this model config (to resume it) and,
     given ``training_config``, the same training settings (``check_same_training``)."""
-    info = read_run_info(run_dir)
-    if info["task"] != task:
-        raise ValueError(f"{run_dir} holds a run of task {info['task']!r}, not {task!r}")
+    info = check_task(run_dir, task)
     # A run saved before a config field existed holds no value for it: compare both configs with
     # their defaults filled in, so such a run resumes (its value is the field's default).
     saved, now = (_with_defaults(TransformerConfig, config)
