@@ -2,18 +2,21 @@
 at the end-of-sequence ids of ``generation_config.json`` (one or several), takes its sampling settings
 unless options override them, and ``--chat`` lays a conversation out with the tokenizer's chat
 template exactly as ``apply_chat_template`` does, then prints the reply that ``generate`` + decode
-give. Settings are compared with ``transformers.GenerationConfig``, templates with
-``apply_chat_template``, replies with ``generate`` on the same checkpoint
-(tests/checkpoint_builders.py)."""
+give; ``--chat -`` holds a conversation read from stdin, each turn what ``apply_chat_template`` on
+the history so far (earlier replies as assistant messages) + ``generate`` + decode give. Settings
+are compared with ``transformers.GenerationConfig``, templates with ``apply_chat_template``,
+replies with ``generate`` on the same checkpoint (tests/checkpoint_builders.py)."""
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -247,3 +250,294 @@ def test_a_run_fine_tuned_from_a_checkpoint_keeps_its_generation_settings(qwen, 
         result = run_cli(str(run_dir), "--prompt", PROMPT, "--max-new-tokens", "20", *stream)
         assert result.returncode == 0, result.stderr.decode()
         assert result.stdout.decode() == run.assets.decode(ids + cut) + "\n"
+
+
+# --chat -: a conversation read from stdin, each turn compared with transformers on the history
+
+def converse_cli(monkeypatch, capsys, directory, stdin: str | io.StringIO, *options: str
+                 ) -> tuple[int, str, str]:
+    """``aiayn generate DIR --chat - OPTIONS`` in this process, ``stdin`` as its standard input:
+    (exit code, stdout, stderr)."""
+    from aiayn.cli import main
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin) if isinstance(stdin, str) else stdin)
+    capsys.readouterr()  # what came before (transformers' progress bars)
+    code = main(["generate", str(directory), "--chat", "-", *options, "--threads", "1"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+class HFChat:
+    """transformers' side of a conversation: ``apply_chat_template(history,
+    add_generation_prompt=True)``, ``generate`` with the checkpoint's generation config (greedy
+    here), ``decode(skip_special_tokens=True)`` of the new tokens without the end token that
+    stopped them; each reply joins the history as an assistant message."""
+
+    def __init__(self, directory):
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+        end_ids = self.model.generation_config.eos_token_id
+        self.end_ids = set(end_ids if isinstance(end_ids, list) else [end_ids])
+
+    def ids(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def reply(self, ids: list[int], new_tokens: int) -> tuple[list[int], str]:
+        prompt = torch.tensor([ids])
+        with torch.no_grad():
+            out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                      max_new_tokens=new_tokens)
+        new = out[0, len(ids):].tolist()
+        shown = new[:-1] if new and new[-1] in self.end_ids else new
+        return new, self.tokenizer.decode(shown, skip_special_tokens=True)
+
+    def converse(self, messages: list[str], new_tokens: int, *, system: str | None = None
+                 ) -> list[tuple[list[int], list[int], str]]:
+        """Per message: (prompt ids, new ids, reply text)."""
+        history = [{"role": "system", "content": system}] if system else []
+        turns = []
+        for message in messages:
+            history.append({"role": "user", "content": message})
+            ids = self.ids(history)
+            new, reply = self.reply(ids, new_tokens)
+            turns.append((ids, new, reply))
+            history.append({"role": "assistant", "content": reply})
+        return turns
+
+
+def with_settings(directory, copy, *, positions: int | None = None, **generation) -> str:
+    """A copy of a checkpoint with ``positions`` as its context (config.json's
+    max_position_embeddings: the Qwen3 RoPE does not depend on it, so transformers' outputs stay
+    the same) and generation_config.json settings changed."""
+    shutil.copytree(directory, copy)
+    for name, changes in (("config.json", {"max_position_embeddings": positions}),
+                          ("generation_config.json", generation)):
+        changes = {key: value for key, value in changes.items() if value is not None}
+        settings = json.loads((copy / name).read_text())
+        (copy / name).write_text(json.dumps({**settings, **changes}))
+    return str(copy)
+
+
+MESSAGES = ["Who art thou?", "Speak, I pray thee.", "What news from Verona?"]
+
+
+@pytest.fixture(scope="module")
+def qwen_long(qwen, tmp_path_factory):
+    """The Qwen-style checkpoint with a context of 256 (its own 64 holds one turn): three turns
+    fit, so no reply slides."""
+    return with_settings(qwen, tmp_path_factory.mktemp("long") / "qwen3", positions=256)
+
+
+def test_a_conversation_answers_turn_by_turn_as_transformers(qwen_long, monkeypatch, capsys,
+                                                             tmp_path):
+    # A second end id that stops the second reply part-way (not in the first, so the first turn
+    # is the same): one turn ends at an end id, the other at --max-new-tokens.
+    plain = HFChat(qwen_long).converse(MESSAGES[:2], 16)
+    first, second = plain[0][1], plain[1][1]
+    stop = next(token for index, token in enumerate(second)
+                if index and token not in first and token not in second[:index])
+    eos = json.loads((Path(qwen_long) / "config.json").read_text())["eos_token_id"]
+    directory = with_settings(qwen_long, tmp_path / "stops", eos_token_id=[eos, stop])
+    turns = HFChat(directory).converse(MESSAGES, 16)
+    assert len(turns[0][1]) == 16 and turns[1][1][-1] == stop and len(turns[1][1]) < 16
+    assert all(len(ids) + 16 <= 256 for ids, _, _ in turns)  # no reply slides
+    want = "".join(reply + "\n" for _, _, reply in turns)
+    stdin = f"{MESSAGES[0]}\n\n   \n{MESSAGES[1]}\n  {MESSAGES[2]}  \n"  # blank lines skipped
+    for stream in ([], ["--no-stream"]):
+        code, out, err = converse_cli(monkeypatch, capsys, directory, stdin,
+                                      "--max-new-tokens", "16", *stream)
+        assert code == 0, err  # the end of stdin ends the conversation
+        assert out == want
+        assert "> " not in err  # no prompt marker when stdin is not a terminal
+
+
+def test_a_conversation_with_a_sentencepiece_tokenizer_answers_as_transformers(
+        tmp_path, monkeypatch, capsys):
+    """A Llama-style tokenizer (Metaspace, byte fallback): a reply is decoded alone, as
+    transformers decodes the new tokens, so a first token "▁..." gives no leading space."""
+    from aiayn.cli import main
+
+    directory = builders.llama(tmp_path / "llama")
+    (directory / "chat_template.jinja").write_text(LLAMA3_STYLE)
+    directory = with_settings(directory, tmp_path / "llama-long", positions=512)
+    hf = HFChat(directory)
+    turns = hf.converse(MESSAGES[:2], 10)
+    assert any(hf.tokenizer.convert_ids_to_tokens(new[0]).startswith("\u2581")
+               for _, new, _ in turns)
+    assert all(len(ids) + 10 <= 512 for ids, _, _ in turns)
+    code, out, err = converse_cli(monkeypatch, capsys, directory, "\n".join(MESSAGES[:2]),
+                                  "--max-new-tokens", "10")
+    assert code == 0, err
+    assert out == "".join(reply + "\n" for _, _, reply in turns)
+    fresh = hf.converse(MESSAGES[1:2], 10)[0][2]
+    assert main(["generate", directory, "--chat", MESSAGES[1], "--max-new-tokens", "10",
+                 "--threads", "1"]) == 0
+    assert capsys.readouterr().out == fresh + "\n"
+
+
+def test_stop_strings_cut_each_reply_and_the_history_holds_it_cut(qwen_long, monkeypatch,
+                                                                   capsys):
+    hf = HFChat(qwen_long)
+    full = hf.converse(MESSAGES[:1], 16)[0][2]
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+
+    def cut(text: str) -> str:  # greedy: the tokens before a stop string are the same
+        return text[:text.index(stop)] if stop in text else text
+
+    history, want = [], []
+    for message in MESSAGES[:2]:
+        history.append({"role": "user", "content": message})
+        want.append(cut(hf.reply(hf.ids(history), 16)[1]))
+        history.append({"role": "assistant", "content": want[-1]})
+    assert want[0] and want[0] != full
+    code, out, err = converse_cli(monkeypatch, capsys, qwen_long, "\n".join(MESSAGES[:2]),
+                                  "--max-new-tokens", "16", "--stop", stop)
+    assert code == 0, err
+    assert out == f"{want[0]}\n{want[1]}\n"
+
+
+def test_reset_starts_over_with_the_system_message(qwen_long, monkeypatch, capsys):
+    system = "You speak like Shakespeare."
+    hf = HFChat(qwen_long)
+    first = hf.converse(MESSAGES[:1], 12, system=system)[0][2]
+    fresh = hf.converse(MESSAGES[1:2], 12, system=system)[0][2]
+    continued = hf.converse(MESSAGES[:2], 12, system=system)[1][2]
+    assert fresh != continued  # the test tells the two apart
+    options = ["--system", system, "--max-new-tokens", "12"]
+    code, out, err = converse_cli(monkeypatch, capsys, qwen_long,
+                                  f"{MESSAGES[0]}\n/reset\n{MESSAGES[1]}\n", *options)
+    assert code == 0, err
+    assert out == f"{first}\n{fresh}\n"
+    from aiayn.cli import main
+
+    assert main(["generate", qwen_long, "--chat", MESSAGES[1], *options, "--threads", "1"]) == 0
+    assert capsys.readouterr().out == f"{fresh}\n"  # a single --chat gives the same reply
+
+
+def test_exit_ends_the_conversation_and_a_terminal_gets_a_prompt(qwen_long, monkeypatch, capsys):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    reply = HFChat(qwen_long).converse(MESSAGES[:1], 8)[0][2]
+    stdin = Terminal(f"{MESSAGES[0]}\n/exit\n{MESSAGES[1]}\n")
+    code, out, err = converse_cli(monkeypatch, capsys, qwen_long, stdin, "--max-new-tokens", "8")
+    assert code == 0, err
+    assert out == reply + "\n"  # stdout holds the replies alone
+    assert err == "> > "  # asked for two lines on stderr: the message, then /exit
+    assert stdin.read() == f"{MESSAGES[1]}\n"  # nothing read past /exit
+    code, out, err = converse_cli(monkeypatch, capsys, qwen_long, Terminal(""))
+    assert (code, out, err) == (0, "", "> \n")  # the end of stdin ends it on a new line
+
+
+def test_old_turns_are_dropped_when_the_conversation_outgrows_the_context(
+        qwen, monkeypatch, capsys, tmp_path):
+    messages = ["Who art thou?", "Good.",
+                "And what news from fair Verona, where we lay our scene of old?"]
+    new_tokens = 4
+    hf = HFChat(qwen)
+    turns = hf.converse(messages, new_tokens)
+    replies = [reply for _, _, reply in turns]
+    # the third turn without the first: user 2, reply 2, user 3 (the template's default system)
+    history = [{"role": "user", "content": messages[1]},
+               {"role": "assistant", "content": replies[1]},
+               {"role": "user", "content": messages[2]}]
+    kept = hf.ids(history)
+    context = len(kept) + new_tokens  # a context the truncated conversation fits, unslid
+    assert len(turns[2][0]) > context  # the whole one does not
+    assert all(len(ids) + new_tokens <= context for ids, _, _ in turns[:2])
+    truncated_reply = hf.reply(kept, new_tokens)[1]
+    directory = with_settings(qwen, tmp_path / "short", positions=context)
+    code, out, err = converse_cli(monkeypatch, capsys, directory, "\n".join(messages) + "\n",
+                                  "--max-new-tokens", str(new_tokens))
+    assert code == 0, err
+    assert out == f"{replies[0]}\n{replies[1]}\n{truncated_reply}\n"
+    assert err == (f"aiayn generate: warning: the conversation has {len(turns[2][0])} tokens, "
+                   f"more than the context of {context} allows; dropped its 1 oldest turn\n")
+
+
+def test_a_message_longer_than_the_context_keeps_its_last_tokens(qwen, monkeypatch, capsys):
+    message = " ".join(["Speak, speak."] * 30)
+    hf = HFChat(qwen)
+    ids = hf.ids([{"role": "user", "content": message}])
+    assert len(ids) > 64
+    reply = hf.reply(ids[-64:], 1)[1]  # one new token: no position past the 64 of the model
+    code, out, err = converse_cli(monkeypatch, capsys, qwen, message + "\n", "--max-new-tokens",
+                                  "1")
+    assert code == 0, err
+    assert out == reply + "\n"
+    assert f"the message has {len(ids)} tokens with the chat template, more than the context " \
+           f"of 64 allows; keeping its last 64" in err
+
+
+def test_a_seed_makes_a_sampled_conversation_reproducible(qwen_long, monkeypatch, capsys):
+    """--seed seeds one random stream at the start: the first reply is a single --chat's with the
+    same seed, the same stdin gives the same replies, and a repeated message after /reset draws
+    further from the stream (it is not reseeded per turn)."""
+    from aiayn.cli import main
+
+    options = ["--temperature", "1", "--seed", "7", "--max-new-tokens", "12"]
+    stdin = f"{MESSAGES[0]}\n{MESSAGES[1]}\n/reset\n{MESSAGES[0]}\n"
+    runs = [converse_cli(monkeypatch, capsys, qwen_long, stdin, *options) for _ in range(2)]
+    assert runs[0] == runs[1] and runs[0][0] == 0
+    assert main(["generate", qwen_long, "--chat", MESSAGES[0], *options, "--threads", "1"]) == 0
+    single = capsys.readouterr().out  # the reply and its newline (sampled replies hold newlines
+    out = runs[0][1]                  # too, so stdout is not split into replies here)
+    assert out.startswith(single) and out.count("\n") > 3 * single.count("\n")
+    assert not out.endswith("\n" + single)  # reseeded per turn, the third reply would be the first
+
+
+def test_conversation_turns_drop_oldest_first_never_the_system_message():
+    from aiayn.commands.chat_loop import Conversation, fit
+
+    conversation = Conversation("sys")
+    conversation.turns = [("u1", "a1"), ("u2", "a2"), ("u3", "a3")]
+
+    def encode(messages):  # one id per character of the contents
+        return [ord(c) for message in messages for c in message["content"]]
+
+    assert fit(conversation, "now", encode, context=3 + 4 + 3) == list(b"sysu3a3now")
+    assert conversation.turns == [("u3", "a3")]  # the two dropped turns stay dropped
+    conversation.turns.clear()
+    assert fit(conversation, "long message", encode, context=5) == list(b"ssage")
+
+
+@pytest.fixture(scope="module")
+def run_from_scratch(tmp_path_factory):
+    from aiayn.cli import main
+
+    out = tmp_path_factory.mktemp("scratch") / "run"
+    assert main(["train", "lm", "--data", str(builders.DATA / "shakespeare_tiny.txt.gz"),
+                 "--out", str(out), "--preset", "baby-gpt", "--set", "d_model=32", "--set",
+                 "n_heads=2", "--set", "d_ff=64", "--set", "n_decoder_layers=1",
+                 "--block-size", "16", "--batch-size", "4", "--steps", "1", "--eval-every", "0",
+                 "--no-progress", "--threads", "1"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("case, options, message", [
+    ("qwen", ["--prompt", "x"], "give --prompt .* or --chat .*, not both"),
+    ("qwen", ["--system", ""], "must not be empty"),
+    ("no template", [], "the tokenizer has no chat template"),
+    ("scratch", [], "--chat needs a Hugging Face tokenizer with a chat template; this run's "
+                    "vocabulary has none"),
+])
+def test_bad_conversation_requests_fail_before_the_model_loads(
+        qwen, run_from_scratch, monkeypatch, capsys, tmp_path, case, options, message):
+    import aiayn.tasks.checkpoints
+
+    directory = {"qwen": qwen, "scratch": run_from_scratch}.get(case)
+    if case == "no template":
+        directory = tmp_path / "plain"
+        shutil.copytree(qwen, directory)
+        (directory / "chat_template.jinja").unlink()
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(aiayn.tasks.checkpoints, "load_model_dir", no_loading)
+    code, out, err = converse_cli(monkeypatch, capsys, directory, "hello\n", *options)
+    assert code == 1 and out == ""
+    assert re.search(message, err), err

@@ -1,7 +1,7 @@
 """``aiayn generate RUN_DIR --prompt TEXT``: continue a prompt with a trained language model (a run
 of ``aiayn train lm`` or a Hugging Face GPT-2 / Llama / Mistral / Qwen / Gemma 3 checkpoint
 directory, with its tokenizer); ``--chat TEXT`` answers a message through the checkpoint's chat
-template instead.
+template instead, and ``--chat -`` holds a conversation read from stdin.
 
 A checkpoint directory generates as ``transformers``' ``generate`` does with it: it stops at its
 end-of-sequence ids and picks tokens by its ``generation_config.json`` (greedy unless
@@ -13,19 +13,37 @@ Tokens stream to stdout as they are produced (one prompt), or each continuation 
 context keeps its last ``context`` tokens, with a warning on stderr. Past the context the
 cache slides (rebuilt from the last half of the context, like nanoGPT's sampler cropping its input)
 unless ``--no-slide`` makes that an error.
+
+``--chat -`` (``aiayn.commands.chat_loop``) holds a conversation: user messages from stdin, one a
+line (surrounding whitespace stripped, blank lines skipped; ``/reset`` forgets the turns so far but
+not ``--system``; ``/exit`` or the end of stdin ends it), each answered with the whole conversation
+laid out by the chat template. A reply is printed as a single ``--chat`` prints it (streamed,
+decoded alone as ``transformers`` decodes the new tokens, end token and ``--stop`` string left out,
+then a newline; a reply may hold newlines of its own) and joins the conversation as that text, an
+``assistant`` message. At a terminal ``> `` on stderr asks for each line; piped, stdout holds the
+replies alone. Longer than the context, the conversation drops its oldest turns, with a warning.
+``--seed`` seeds one random stream at the start, which every reply draws from in turn: the same
+messages give the same replies, and the first reply is the one ``--chat`` with the same seed gives.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiayn.commands import engine
 from aiayn.commands.train import device_name, positive_int
 
 if TYPE_CHECKING:
+    import torch
+
     from aiayn.decoding.generation import GenerationConfig
+    from aiayn.fast import InferenceEngine
+
+CONVERSATION = "-"  # --chat -: a conversation read from stdin
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,9 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="text to continue (repeat for a batch of prompts; default: a newline)")
     parser.add_argument("--chat", default=None, metavar="TEXT",
                         help="a user message to answer through the tokenizer's chat template "
-                             "(instruct checkpoints); only the reply is printed")
+                             "(instruct checkpoints); only the reply is printed. '-': a "
+                             "conversation, one message a line of stdin ('/reset' forgets the "
+                             "turns so far, '/exit' or the end of stdin ends it)")
     parser.add_argument("--system", default=None, metavar="TEXT",
-                        help="with --chat: a system message before it")
+                        help="with --chat: a system message before it (kept by '/reset')")
     parser.add_argument("--max-new-tokens", type=positive_int, default=200)
     parser.add_argument("--temperature", type=float, default=None,
                         help="0 = greedy (default: 1, or a checkpoint's generation_config.json)")
@@ -141,29 +161,150 @@ def generation_config(args: argparse.Namespace, checkpoint) -> "GenerationConfig
         stop_ids=() if args.ignore_eos else own.stop_ids, slide=not args.no_slide)
 
 
-def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def check_request(args: argparse.Namespace) -> None:
+    """The checks made before the model loads or anything is printed.
 
-    import torch
-
-    from aiayn.data.text import CharVocabulary
-    from aiayn.interop.hf_generation import GENERATION_FILE, read_generation_settings
-    from aiayn.tasks.checkpoints import TextTokenizer, load_model_dir
-    from aiayn.training.run import RUN_FILE
-
-    # Checked before the model loads or anything is printed.
+    Raises:
+        ValueError: options that do not go together, an empty message or prompt, an impossible
+            sampling option, or ``--chat`` with a directory whose tokenizer has no chat template.
+    """
     if args.chat is not None and args.prompt:
-        raise ValueError("give --prompt (text to continue) or --chat (a message to answer), "
-                         "not both")
+        raise ValueError("give --prompt (text to continue) or --chat (a message to answer, or "
+                         "'-' for a conversation on stdin), not both")
     if args.system is not None and args.chat is None:
         raise ValueError("--system goes with --chat")
     if args.chat == "" or args.system == "":
         raise ValueError("--chat and --system messages must not be empty")
+    for number, prompt in enumerate(args.prompt or [], start=1):
+        if not prompt:
+            raise ValueError(f"prompt {number} is empty; leave out --prompt to start from a "
+                             f"newline")
     generation_config(args, None)  # the options' own values (e.g. --top-p 2) are checked now
+    if args.chat is not None:
+        check_chat_template(Path(args.run_dir))
+
+
+def check_chat_template(run_dir: Path) -> None:
+    """That ``run_dir`` has a chat template, read from its files before the model loads: a
+    checkpoint's own, or the one a run fine-tuned from a checkpoint copied with its tokenizer.
+    Directories of other tasks are left to ``load_model_dir``'s error."""
+    from aiayn.interop.hf_generation import chat_template
+    from aiayn.tasks.checkpoints import TOKENIZER_DIR, directory_task
+    from aiayn.training.run import RUN_FILE
+
+    if directory_task(run_dir) != "lm":
+        return
+    directory = run_dir / TOKENIZER_DIR if (run_dir / RUN_FILE).is_file() else run_dir
+    if not directory.is_dir():
+        raise ValueError(f"{run_dir}: --chat needs a Hugging Face tokenizer with a chat "
+                         f"template; this run's vocabulary has none")
+    if chat_template(directory) is None:
+        raise ValueError(f"{directory}: the tokenizer has no chat template "
+                         f"(chat_template.jinja or tokenizer_config.json's chat_template); "
+                         f"use --prompt for a model that continues text")
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """A loaded model and what the options make of it: one prompt's continuation streamed (or
+    printed when done), several prompts' continuations printed as one batch.
+
+    Attributes:
+        generator: the random stream sampling draws from when ``config.seed`` is None (None:
+            torch's global stream).
+    """
+
+    inference: "InferenceEngine"
+    vocabulary: object
+    context: int
+    config: "GenerationConfig"
+    stops: StopStrings
+    stream: bool
+    generator: "torch.Generator | None" = None
+
+    def fit(self, ids: list[int], name: str) -> list[int]:
+        """``ids``, or their last ``context`` with a warning on stderr where they are more."""
+        from aiayn.data.text import CharVocabulary
+
+        if len(ids) <= self.context:
+            return ids
+        unit = "characters" if isinstance(self.vocabulary, CharVocabulary) else "tokens"
+        print(f"aiayn generate: warning: {name} has {len(ids)} {unit}, more than the context of "
+              f"{self.context} allows; keeping its last {self.context}", file=sys.stderr)
+        return ids[-self.context:]
+
+    def cut(self, text: str) -> str:
+        """``text`` up to its first stop string."""
+        cut = self.stops.cut(text)
+        return text if cut is None else text[:cut]
+
+    def reply(self, ids: list[int], *, echo: str | None = None) -> str:
+        """Continue one prompt: print ``echo`` (the prompt's text) and the continuation decoded
+        after the prompt's tokens, or (``echo`` None: a chat) the reply decoded alone, as
+        ``transformers`` decodes a reply's new tokens; end token and stop string left out, then a
+        newline. Returns the text printed after ``echo``."""
+        continuation = Continuation(self.vocabulary, [] if echo is None else ids)
+        echo = echo or ""
+        streamed: list[int] = []
+        shown, done = 0, False
+
+        def on_step(step: int, tokens, finished) -> None:
+            nonlocal shown, done
+            if done or bool(finished[0]):  # a stop string is out, or the row stopped at an end
+                return  # id: the end token is not shown (the final text leaves it out too)
+            # The whole continuation decoded again: a subword tokenizer's bytes of one character
+            # can span tokens (held back while incomplete, shown as U+FFFD by the decoder).
+            streamed.append(int(tokens[0]))
+            text = continuation.text(streamed[:continuation.settled(streamed)])
+            cut = self.stops.cut(text)
+            done = cut is not None
+            visible = cut if cut is not None else self.stops.safe(text.rstrip("\ufffd"))
+            if visible > shown:
+                sys.stdout.write(text[shown:visible])
+                sys.stdout.flush()
+                shown = visible
+
+        def stop(row: int, tokens: list[int]) -> bool:
+            return self.stops.cut(continuation.text(tokens)) is not None
+
+        if self.stream:
+            sys.stdout.write(echo)
+            sys.stdout.flush()
+        result = self.inference.generate(
+            [ids], self.config, generator=self.generator,
+            stop=stop if self.stops.stops else None, on_step=on_step if self.stream else None)
+        text = self.cut(continuation.text(result.tokens[0]))
+        sys.stdout.write((text[shown:] if self.stream else echo + text) + "\n")
+        sys.stdout.flush()
+        return text
+
+    def batch(self, rows: list[list[int]], prompts: list[str]) -> None:
+        """Continue several prompts together; print each with its continuation when all are done."""
+        continuations = [Continuation(self.vocabulary, ids) for ids in rows]
+
+        def stop(row: int, tokens: list[int]) -> bool:
+            return self.stops.cut(continuations[row].text(tokens)) is not None
+
+        result = self.inference.generate(rows, self.config, generator=self.generator,
+                                         stop=stop if self.stops.stops else None)
+        for prompt, continuation, tokens in zip(prompts, continuations, result.tokens):
+            sys.stdout.write(f"=== {prompt!r}\n{prompt}{self.cut(continuation.text(tokens))}\n")
+        sys.stdout.flush()
+
+
+def load(args: argparse.Namespace) -> Session:
+    """The model of RUN_DIR on ``--device`` with its tokenizer, and the generation settings of its
+    checkpoint (where it has one) under the options."""
+    import torch
+
+    from aiayn.interop.hf_generation import GENERATION_FILE, read_generation_settings
+    from aiayn.tasks.checkpoints import TextTokenizer, load_model_dir
+    from aiayn.training.run import RUN_FILE
+
     if args.threads:
         torch.set_num_threads(args.threads)
     run_ = load_model_dir(args.run_dir, task="lm")
-    vocabulary, context = run_.assets, run_.model_config.max_length
+    vocabulary = run_.assets
     # A checkpoint's settings: in its own directory, or copied with its tokenizer into a run
     # fine-tuned from it (both are the tokenizer's directory); a run from scratch has none
     settings = getattr(vocabulary, "directory", None)
@@ -174,67 +315,49 @@ def run(args: argparse.Namespace) -> int:
         for setting in checkpoint.unsupported:
             print(f"aiayn generate: warning: {settings / GENERATION_FILE} sets {setting}, which "
                   f"aiayn does not apply", file=sys.stderr)
-    config = generation_config(args, checkpoint)
     if args.chat is not None and not isinstance(vocabulary, TextTokenizer):
         raise ValueError(f"{args.run_dir}: --chat needs a Hugging Face tokenizer with a chat "
                          f"template; this run's vocabulary has none")
-    inference = engine.engine(run_.model.to(torch.device(args.device)), args)
-    stops = StopStrings(args.stop)
-    prompts = [args.chat] if args.chat is not None else (args.prompt or ["\n"])
-    rows = []
-    for number, prompt in enumerate(prompts, start=1):
-        if not prompt:
-            raise ValueError(f"prompt {number} is empty; leave out --prompt to start from a "
-                             f"newline")
-        if args.chat is not None:
-            messages = [{"role": "system", "content": args.system}] if args.system else []
-            ids = vocabulary.encode_chat(messages + [{"role": "user", "content": args.chat}])
+    return Session(
+        inference=engine.engine(run_.model.to(torch.device(args.device)), args),
+        vocabulary=vocabulary, context=run_.model_config.max_length,
+        config=generation_config(args, checkpoint), stops=StopStrings(args.stop),
+        stream=not args.no_stream)
+
+
+def converse(session: Session, args: argparse.Namespace) -> None:
+    """``--chat -``: the conversation of ``aiayn.commands.chat_loop`` on stdin. With ``--seed``
+    one random stream, seeded here, serves every reply (``generate`` would seed a fresh one per
+    call)."""
+    import torch
+
+    from aiayn.commands import chat_loop
+
+    if session.config.seed is not None:
+        generator = torch.Generator(device=torch.device(args.device))
+        session = dataclasses.replace(session, config=session.config.replace(seed=None),
+                                      generator=generator.manual_seed(session.config.seed))
+    chat_loop.converse(sys.stdin, system=args.system, encode=session.vocabulary.encode_chat,
+                       respond=session.reply, context=session.context,
+                       marker=sys.stderr if sys.stdin.isatty() else None)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_request(args)
+    session = load(args)
+    if args.chat == CONVERSATION:
+        converse(session, args)
+    elif args.chat is not None:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages.append({"role": "user", "content": args.chat})
+        session.reply(session.fit(session.vocabulary.encode_chat(messages), "prompt 1"))
+    else:
+        prompts = args.prompt or ["\n"]
+        rows = [session.fit(session.vocabulary.encode(prompt, source=f"prompt {number}"),
+                            f"prompt {number}")
+                for number, prompt in enumerate(prompts, start=1)]
+        if len(rows) == 1:
+            session.reply(rows[0], echo=prompts[0])
         else:
-            ids = vocabulary.encode(prompt, source=f"prompt {number}")
-        if len(ids) > context:
-            unit = "characters" if isinstance(vocabulary, CharVocabulary) else "tokens"
-            print(f"aiayn generate: warning: prompt {number} has {len(ids)} {unit}, more than "
-                  f"the context of {context} allows; keeping its last {context}",
-                  file=sys.stderr)
-            ids = ids[-context:]
-        rows.append(ids)
-    stream = len(rows) == 1 and not args.no_stream
-    continuations = [Continuation(vocabulary, ids) for ids in rows]
-    texts, streamed = [""] * len(rows), []
-    shown, done = [0], [False]
-
-    def on_step(step: int, tokens, finished) -> None:
-        if done[0] or bool(finished[0]):  # a stop string is out, or the row stopped at an end
-            return  # id: the end token is not shown (the final text leaves it out too)
-        # The whole continuation decoded again: a subword tokenizer's bytes of one character can
-        # span tokens (held back while incomplete, shown as U+FFFD by the decoder).
-        streamed.append(int(tokens[0]))
-        texts[0] = continuations[0].text(streamed[:continuations[0].settled(streamed)])
-        cut = stops.cut(texts[0])
-        done[0] = cut is not None
-        visible = cut if cut is not None else stops.safe(texts[0].rstrip("\ufffd"))
-        if visible > shown[0]:
-            sys.stdout.write(texts[0][shown[0]:visible])
-            sys.stdout.flush()
-            shown[0] = visible
-
-    def stop(row: int, tokens: list[int]) -> bool:
-        return stops.cut(continuations[row].text(tokens)) is not None
-
-    if stream and args.chat is None:  # a chat prints the reply alone
-        sys.stdout.write(prompts[0])
-        sys.stdout.flush()
-    result = inference.generate(rows, config, stop=stop if args.stop else None,
-                                on_step=on_step if stream else None)
-    for index, tokens in enumerate(result.tokens):
-        text = continuations[index].text(tokens)
-        cut = stops.cut(text)
-        text = text if cut is None else text[:cut]
-        if stream:
-            sys.stdout.write(text[shown[0]:] + "\n")
-        else:
-            if len(rows) > 1:
-                sys.stdout.write(f"=== {prompts[index]!r}\n")
-            sys.stdout.write((prompts[index] if args.chat is None else "") + text + "\n")
-    sys.stdout.flush()
+            session.batch(rows, prompts)
     return 0
