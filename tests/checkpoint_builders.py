@@ -6,6 +6,7 @@ that family, trained on the bundled data and saved by ``transformers`` itself:
     bart     tokenizer.json (byte-level BPE, <s> ... </s>) + tokenizer_config.json
     gpt2     tokenizer.json (byte-level BPE, no special tokens added) + tokenizer_config.json
     bert     tokenizer.json + vocab.txt (WordPiece, [CLS] ... [SEP]), a sequence classifier
+    distilbert  bert's tokenizer files (saved as DistilBERT's), a DistilBertForSequenceClassification
     t5       tokenizer.json (SentencePiece-style unigram, ... </s>; <pad>=0 </s>=1 <unk>=2 and
              <extra_id_*> sentinels) + tokenizer_config.json, T5 1.1 (gated-gelu, head untied)
     llama    tokenizer.json (Llama 2's byte-fallback BPE: <unk>=0 <s>=1 </s>=2, <0x00>..<0xFF>,
@@ -156,13 +157,38 @@ def bert_classifier(directory: Path, texts: list[str], *, seed: int = 0) -> Path
     (directory / "vocab.txt").write_text(
         "".join(token + "\n" for token, _ in sorted(vocabulary.items(), key=lambda kv: kv[1])),
         encoding="utf-8")
-    transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt")).save_pretrained(directory)
+    # Read from vocab.txt (transformers 5 ignores a vocab_file argument: the tokenizer.json it
+    # wrote held the 5 special tokens alone, and every word was [UNK])
+    transformers.BertTokenizerFast.from_pretrained(directory).save_pretrained(directory)
     config = transformers.BertConfig(
         vocab_size=len(vocabulary), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=64, max_position_embeddings=64, num_labels=len(LABELS),
         id2label=dict(enumerate(LABELS)), label2id={name: i for i, name in enumerate(LABELS)})
     torch.manual_seed(seed)
     model = transformers.BertForSequenceClassification(config).eval()
+    randomise(model, std=0.3, skip=())
+    model.save_pretrained(directory)
+    return directory
+
+
+def distilbert_classifier(directory: Path, texts: list[str], *, seed: int = 0) -> Path:
+    """A DistilBertForSequenceClassification over ``LABELS`` with the WordPiece vocabulary
+    (vocab.txt) of ``bert_classifier``, and the tokenizer.json ``DistilBertTokenizerFast`` makes of
+    it (read from vocab.txt: transformers 5 ignores a ``vocab_file`` argument)."""
+    import transformers
+
+    bert_classifier(directory, texts)  # the vocabulary; the BERT files are replaced below
+    for path in directory.iterdir():
+        if path.name != "vocab.txt":
+            path.unlink()
+    tokenizer = transformers.DistilBertTokenizerFast.from_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    config = transformers.DistilBertConfig(
+        vocab_size=len(tokenizer), dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+        max_position_embeddings=64, num_labels=len(LABELS), id2label=dict(enumerate(LABELS)),
+        label2id={name: i for i, name in enumerate(LABELS)})
+    torch.manual_seed(seed)
+    model = transformers.DistilBertForSequenceClassification(config).eval()
     randomise(model, std=0.3, skip=())
     model.save_pretrained(directory)
     return directory

@@ -16,6 +16,7 @@ Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 PositionKind = Literal["sinusoidal", "learned", "rotary", "none"]
 SinusoidLayout = Literal["interleaved", "split"]
 Pooling = Literal["first", "mean"]
+PoolerActivation = Literal["tanh", "relu"]
 Norm = Literal["layer", "rms"]
 SparsePattern = Literal["local", "strided", "local+strided"]
 
@@ -24,6 +25,7 @@ POSITION_KINDS = ("sinusoidal", "learned", "rotary", "none")
 NORMS = ("layer", "rms")
 SINUSOID_LAYOUTS = ("interleaved", "split")
 POOLINGS = ("first", "mean")
+POOLER_ACTIVATIONS = ("tanh", "relu")
 SPARSE_PATTERNS = ("local", "strided", "local+strided")
 
 
@@ -109,7 +111,8 @@ class TransformerConfig:
     # --- heads of the encoder-only family ----------------------------------------------------------
     num_labels: int = 2
     pooling: Pooling = "first"  # "first": the first ([CLS]) token; "mean": mean over real tokens
-    pooler: bool = False  # BERT's dense + tanh on the pooled vector before the classifier
+    pooler: bool = False  # a dense layer + pooler_activation on the pooled vector (BERT's pooler)
+    pooler_activation: PoolerActivation = "tanh"  # BERT's tanh; DistilBERT's pre_classifier: relu
     mlm_transform: bool = True  # BERT's dense + activation + LayerNorm before the MLM projection
 
     # --- images: the Vision Transformer (Dosovitskiy et al. 2021); text models ignore these -------
@@ -166,6 +169,7 @@ class TransformerConfig:
         _check_choice("positions", self.positions, POSITION_KINDS)
         _check_choice("sinusoid_layout", self.sinusoid_layout, SINUSOID_LAYOUTS)
         _check_choice("pooling", self.pooling, POOLINGS)
+        _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
         from aiayn.nn.attention.kernels import KERNELS  # late: kernels import nothing from here
 
         _check_choice("attention", self.attention, tuple(KERNELS))

@@ -1,9 +1,16 @@
-"""A BERT-style WordPiece tokenizer for the encoder tasks (classification, masked LM).
+"""The tokenizer of the encoder tasks (classification, masked LM): BERT's WordPiece, or a pretrained
+encoder's own.
 
-Wraps a Hugging Face ``tokenizers.Tokenizer`` (imported lazily): trained on the training texts, or
-read from a pretrained model's directory (``tokenizer.json`` or ``vocab.txt``) so that a fine-tuned
-checkpoint sees the ids it was pretrained with. Sequences are ``[CLS] pieces [SEP]`` (BERT,
-Devlin et al. 2019, section 3), cut to a maximum length; padding is the batcher's job.
+Wraps a Hugging Face ``tokenizers.Tokenizer`` (imported lazily): a WordPiece vocabulary trained on
+the training texts, or read from a pretrained model's directory (``tokenizer.json`` or
+``vocab.txt``) so that a fine-tuned checkpoint sees the ids it was pretrained with: BERT's
+WordPiece, RoBERTa's byte-level BPE, XLM-RoBERTa's SentencePiece unigram. Sequences are
+``[CLS] pieces [SEP]`` (BERT, Devlin et al. 2019, section 3; RoBERTa's ``<s> pieces </s>``), cut to
+a maximum length; padding is the batcher's job.
+
+The five special tokens are BERT's unless the checkpoint names others (``tokenizer_config.json`` /
+``special_tokens_map.json``); ``save`` writes such names to ``special_tokens_map.json`` beside
+``tokenizer.json``, and ``load`` reads them back.
 """
 
 from __future__ import annotations
@@ -15,7 +22,11 @@ from typing import Any
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+# The roles of the special tokens (Hugging Face's names) and BERT's tokens for them
+ROLES = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")
+BERT_SPECIAL_TOKENS = dict(zip(ROLES, SPECIAL_TOKENS))
 TOKENIZER_FILE = "tokenizer.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 WORD_START = "\u2581"  # marks a word's first piece while the vocabulary is learned (SentencePiece's)
 
 
@@ -45,24 +56,33 @@ def wordpiece_vocabulary(bpe_vocabulary: dict[str, int]) -> dict[str, int]:
 class WordPieceTokenizer:
     """Text -> ``[CLS] ... [SEP]`` id lists.
 
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer``.
+        special_tokens: role (``ROLES``) -> token text; None: BERT's (``BERT_SPECIAL_TOKENS``).
+
     Attributes:
         pad_id / unk_id / cls_id / sep_id / mask_id: the special ids.
         vocab_size: number of ids.
     """
 
-    def __init__(self, tokenizer: Any, *, source: str = "tokenizer"):
+    def __init__(self, tokenizer: Any, *, source: str = "tokenizer",
+                 special_tokens: dict[str, str] | None = None):
         self._tokenizer = tokenizer
         tokenizer.no_padding()
         tokenizer.no_truncation()
+        self.special_tokens = {**BERT_SPECIAL_TOKENS, **(special_tokens or {})}
         ids = {}
-        for token in SPECIAL_TOKENS:
+        for role in ROLES:
+            token = self.special_tokens[role]
             index = tokenizer.token_to_id(token)
             if index is None:
-                raise ValueError(f"{source}: the vocabulary has no {token} token (a BERT-style "
-                                 f"WordPiece vocabulary needs {', '.join(SPECIAL_TOKENS)})")
-            ids[token] = index
-        self.pad_id, self.unk_id = ids[PAD], ids[UNK]
-        self.cls_id, self.sep_id, self.mask_id = ids[CLS], ids[SEP], ids[MASK]
+                named = ", ".join(self.special_tokens[r] for r in ROLES)
+                raise ValueError(f"{source}: the vocabulary has no {token} token (the {role}; an "
+                                 f"encoder's tokenizer needs its {named})")
+            ids[role] = index
+        self.pad_id, self.unk_id = ids["pad_token"], ids["unk_token"]
+        self.cls_id, self.sep_id, self.mask_id = (ids["cls_token"], ids["sep_token"],
+                                                  ids["mask_token"])
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
 
     @property
@@ -111,13 +131,16 @@ class WordPieceTokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> "WordPieceTokenizer":
-        """Read ``tokenizer.json`` written by ``save`` (or by Hugging Face ``tokenizers``).
+        """Read ``tokenizer.json`` written by ``save`` (or by Hugging Face ``tokenizers``), with the
+        special tokens of a ``special_tokens_map.json`` beside it (else BERT's).
 
         Raises:
             FileNotFoundError: no such file.
-            ValueError: not a tokenizer file, or no BERT special tokens.
+            ValueError: not a tokenizer file, or without its special tokens.
         """
         from tokenizers import Tokenizer
+
+        from aiayn.interop.hf_tokenizer import special_tokens
 
         path = Path(path)
         if not path.is_file():
@@ -126,11 +149,14 @@ class WordPieceTokenizer:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as error:  # tokenizers raises its own Exception type
             raise ValueError(f"{path}: not a tokenizer file ({error})") from None
-        return cls(tokenizer, source=str(path))
+        named = special_tokens(path.parent)
+        return cls(tokenizer, source=str(path),
+                   special_tokens={role: named[role] for role in ROLES if role in named})
 
     @classmethod
     def from_pretrained_dir(cls, directory: str | Path) -> "WordPieceTokenizer":
-        """The tokenizer of a Hugging Face BERT directory: ``tokenizer.json``, else ``vocab.txt``
+        """The tokenizer of a Hugging Face encoder directory: ``tokenizer.json`` with the special
+        tokens the directory names (BERT's where it names none), else BERT's ``vocab.txt``
         (lower-cased unless ``tokenizer_config.json`` says ``do_lower_case: false``).
 
         Raises:
@@ -156,10 +182,16 @@ class WordPieceTokenizer:
         return cls(tokenizer, source=str(vocab))
 
     def save(self, path: str | Path) -> None:
-        """Write the tokenizer as ``tokenizer.json`` (atomically)."""
+        """Write the tokenizer as ``tokenizer.json`` (atomically), and special tokens other than
+        BERT's to ``special_tokens_map.json`` beside it."""
         from aiayn.training.checkpoint import atomic_write_bytes
 
+        path = Path(path)
         atomic_write_bytes(path, self._tokenizer.to_str().encode("utf-8"))
+        if self.special_tokens != BERT_SPECIAL_TOKENS:
+            atomic_write_bytes(path.parent / SPECIAL_TOKENS_FILE,
+                               json.dumps(self.special_tokens, indent=1,
+                                          ensure_ascii=False).encode("utf-8"))
 
     # --- use ------------------------------------------------------------------------------------
     def encode(self, texts: Sequence[str], *, max_length: int) -> list[list[int]]:

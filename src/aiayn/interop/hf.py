@@ -5,6 +5,11 @@ Families (one module each, each with an explicit parameter-name map):
     config.json model_type   architectures                                  aiayn model
     bert                     BertModel / BertForMaskedLM /                  TransformerEncoder / MaskedLM /
                              BertForSequenceClassification                  SequenceClassifier
+    distilbert               DistilBertModel / DistilBertForMaskedLM /      as BERT (no token types,
+                             DistilBertForSequenceClassification            ReLU pooler; load only)
+    roberta, xlm-roberta     RobertaModel / RobertaForMaskedLM /            as BERT (positions offset
+                             RobertaForSequenceClassification (and          past the padding id)
+                             the XLMRoberta classes)
     gpt2                     GPT2Model / GPT2LMHeadModel                    CausalLM
     llama                    LlamaModel / LlamaForCausalLM                  CausalLM (rotary positions)
     mistral, qwen2, qwen3    MistralForCausalLM / Qwen2ForCausalLM /        CausalLM (as Llama, with
@@ -32,15 +37,18 @@ import torch
 from torch import nn
 
 from aiayn.config import TransformerConfig
-from aiayn.interop import hf_bert, hf_gemma, hf_gpt2, hf_llama, hf_marian, hf_t5, hf_vit
+from aiayn.interop import (hf_bert, hf_distilbert, hf_gemma, hf_gpt2, hf_llama, hf_marian,
+                           hf_roberta, hf_t5, hf_vit)
 from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, export_state, load_state, read_checkpoint,
                                      read_config, write_checkpoint)
 
-# Saving takes the first family that ``matches`` the model: the specific before the general.
-FAMILIES = (hf_bert, hf_gemma, hf_llama, hf_gpt2, hf_t5, hf_marian, hf_vit)
+# Saving takes the first family that ``matches`` the model: the specific before the general
+# (hf_distilbert loads only: it matches no model).
+FAMILIES = (hf_roberta, hf_bert, hf_distilbert, hf_gemma, hf_llama, hf_gpt2, hf_t5, hf_marian,
+            hf_vit)
 # Families whose HF classes have only the paper's blocks (no RMSNorm, gated FFN, grouped-query
 # attention, head width of its own, relative bias or extra scales): ``PAPER_BLOCKS`` must hold.
-PAPER_FAMILIES = (hf_bert, hf_gpt2, hf_marian, hf_vit)
+PAPER_FAMILIES = (hf_roberta, hf_bert, hf_gpt2, hf_marian, hf_vit)
 PAPER_BLOCKS = dict(norm="layer", gated_ffn=False, d_head=None, n_kv_heads=None,
                     relative_attention_buckets=0, scale_attention=True, scale_output=False)
 TASKS = ("encoder", "masked_lm", "classification", "causal_lm", "seq2seq")
@@ -85,11 +93,12 @@ def from_pretrained(path: str | Path, *, task: str | None = None,
     Args:
         path: a directory with ``config.json`` and ``model.safetensors`` (or shards with
             ``model.safetensors.index.json``, or ``pytorch_model.bin``, read with weights_only=True).
-        task: which aiayn model to build; default the checkpoint's own. BERT checkpoints also load as
-            ``"encoder"``, ``"masked_lm"`` or ``"classification"`` whatever head they were saved with:
-            a head the checkpoint lacks is freshly initialised (e.g. a classifier on ``BertModel``
-            weights, for fine-tuning), a head the model lacks is dropped. ViT checkpoints load as
-            ``"encoder"`` (``VisionTransformer``) or ``"classification"`` (``ImageClassifier``).
+        task: which aiayn model to build; default the checkpoint's own. BERT (and DistilBERT)
+            checkpoints also load as ``"encoder"``, ``"masked_lm"`` or ``"classification"``
+            whatever head they were saved with: a head the checkpoint lacks is freshly initialised
+            (e.g. a classifier on ``BertModel`` weights, for fine-tuning), a head the model lacks
+            is dropped. ViT checkpoints load as ``"encoder"`` (``VisionTransformer``) or
+            ``"classification"`` (``ImageClassifier``).
         dtype: cast the loaded model to this dtype (default: float32, as built).
         **overrides: TransformerConfig fields to set on top of the translated config (e.g.
             ``num_labels=3``, ``dropout=0.0``, ``attention="reference"``, ``fused_projections=False``).

@@ -115,6 +115,22 @@ def copy_tokenizer_files(source: str | Path, destination: str | Path) -> list[st
     return copied
 
 
+def special_tokens(directory: str | Path) -> dict[str, str]:
+    """The special tokens a checkpoint directory names (``SPECIAL_TOKENS`` -> token text):
+    ``tokenizer_config.json``'s, overridden by ``special_tokens_map.json``'s, as ``transformers``
+    reads them."""
+    directory = Path(directory)
+    settings = read_json_object(directory / "tokenizer_config.json")
+    specials = {name: value for name, value in settings.items()
+                if name in SPECIAL_TOKENS and isinstance(value, str)}
+    for name, value in read_json_object(directory / "special_tokens_map.json").items():
+        if name in SPECIAL_TOKENS:
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                specials[name] = value
+    return specials
+
+
 def load_tokenizer(path: str | Path):
     """The tokenizer of an HF checkpoint directory: ``tokenizer.json``, else BERT's ``vocab.txt``,
     else Marian's ``source.spm`` / ``target.spm`` / ``vocab.json`` (a ``MarianTokenizer``).
@@ -127,13 +143,7 @@ def load_tokenizer(path: str | Path):
 
     directory = Path(path)
     settings = read_json_object(directory / "tokenizer_config.json")
-    specials = {name: value for name, value in settings.items()
-                if name in SPECIAL_TOKENS and isinstance(value, str)}
-    for name, value in read_json_object(directory / "special_tokens_map.json").items():
-        if name in SPECIAL_TOKENS:
-            value = value.get("content") if isinstance(value, dict) else value
-            if isinstance(value, str):
-                specials[name] = value
+    specials = special_tokens(directory)
     tokenizer_file, vocab_file = directory / "tokenizer.json", directory / "vocab.txt"
     if tokenizer_file.is_file():
         try:

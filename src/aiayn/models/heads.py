@@ -51,17 +51,19 @@ def pool(hidden: Tensor, padding_mask: Tensor | None, how: str) -> Tensor:
 
 
 class ClassificationHead(nn.Module):
-    """Pooled (B, D) -> class logits (B, C), with BERT's optional dense + tanh "pooler"."""
+    """Pooled (B, D) -> class logits (B, C), with an optional dense "pooler" and its activation:
+    BERT's dense + tanh, DistilBERT's ``pre_classifier`` + ReLU (``config.pooler_activation``)."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.pooler = nn.Linear(config.d_model, config.d_model) if config.pooler else None
+        self.activation = nn.ReLU() if config.pooler_activation == "relu" else nn.Tanh()
         self.dropout = nn.Dropout(config.dropout)
         self.classifier = nn.Linear(config.d_model, config.num_labels)
 
     def forward(self, pooled: Tensor) -> Tensor:
         if self.pooler is not None:
-            pooled = torch.tanh(self.pooler(pooled))
+            pooled = self.activation(self.pooler(pooled))
         return self.classifier(self.dropout(pooled))
 
 
