@@ -158,17 +158,23 @@ def roberta_tokenizer(directory):
 
 
 def xlm_roberta_tokenizer(directory):
-    """XLM-R's layout: a SentencePiece unigram with <s> <pad> </s> <unk> first, <mask> last."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    """XLM-R's layout: a SentencePiece unigram, <s>=0 <pad>=1 </s>=2 <unk>=3, <mask> last,
+    <s> X </s>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     learned = Tokenizer(models.Unigram())
     learned.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    learned.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
     trainer = trainers.UnigramTrainer(vocab_size=300, special_tokens=["<s>", "<pad>", "</s>",
                                                                       "<unk>"],
                                       unk_token="<unk>", show_progress=False)
     learned.train_from_iterator(TEXTS * 5 + [p[0] for p in builders.pairs(300)], trainer=trainer)
-    pieces = [tuple(piece) for piece in json.loads(learned.to_str())["model"]["vocab"]]
-    fast = transformers.XLMRobertaTokenizerFast(vocab=pieces + [("<mask>", 0.0)])
+    learned.add_special_tokens(["<mask>"])
+    learned.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=learned, bos_token="<s>", eos_token="</s>", cls_token="<s>",
+        sep_token="</s>", pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
     fast.save_pretrained(directory)
     return fast
 
