@@ -13,6 +13,8 @@ that family, trained on the bundled data and saved by ``transformers`` itself:
              <s> ... added) + tokenizer_config.json, grouped-query attention (4 heads, 2 kv)
     gemma3   llama's tokenizer files (<s> added), a Gemma3ForCausalLM: sandwich norms, QK-norm, one
              global layer after two sliding ones (window 8), local and global RoPE bases
+    gemma2   llama's tokenizer files, a Gemma2ForCausalLM: sandwich norms, the even layers
+             sliding (window 8), soft-capped scores and logits
     qwen3    tokenizer.json (byte-level BPE, Qwen's <|endoftext|> and chat markers, nothing added)
              + tokenizer_config.json with a ChatML chat template (``CHATML``), QK-norm,
              grouped-query attention, a head width of its own
@@ -299,6 +301,28 @@ def qwen3(directory: Path, *, vocab: int = 500, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = transformers.Qwen3ForCausalLM(config).eval()
     randomise(model, std=0.3, skip=("rotary_emb",))
+    model.save_pretrained(directory)
+    return directory
+
+
+def gemma2(directory: Path, *, seed: int = 0) -> Path:
+    """A Gemma2ForCausalLM (the even layers sliding with a window of 8, scores and logits
+    soft-capped where they bite: 4.0 and 6.0) with the tokenizer of ``llama``."""
+    import transformers
+
+    llama(directory)  # the tokenizer files; the Llama weights are replaced below
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        (directory / name).unlink(missing_ok=True)
+    vocab = len(json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+                ["vocab"])
+    config = transformers.Gemma2Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+        max_position_embeddings=64, sliding_window=8, attn_logit_softcapping=4.0,
+        final_logit_softcapping=6.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = transformers.Gemma2ForCausalLM(config).eval()
+    randomise(model, std=0.3, skip=("rotary_emb", "embed_scale"))
     model.save_pretrained(directory)
     return directory
 

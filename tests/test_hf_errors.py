@@ -62,7 +62,8 @@ def test_malformed_and_unsupported_config(bert_dir):
         aiayn.from_pretrained(bert_dir)
     config_path.write_text(json.dumps({**config, "model_type": "gpt_neox"}))
     with pytest.raises(ValueError, match=r"config\.json: model_type='gpt_neox' is not supported; "
-                                         r"aiayn loads bart, bert, distilbert, gemma3_text, gpt2, "
+                                         r"aiayn loads bart, bert, distilbert, gemma, gemma2, "
+                                         r"gemma3_text, gpt2, "
                                          r"llama, marian, mistral, qwen2, qwen3, roberta, t5, vit, "
                                          r"xlm-roberta"):
         aiayn.from_pretrained(bert_dir)

@@ -115,8 +115,6 @@ def test_a_transformers_4_config_json_reads_the_same(tmp_path):
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(final_logit_softcapping=30.0), "final_logit_softcapping=30.0 is not supported"),
-    (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping=50.0 is not supported"),
     (dict(query_pre_attn_scalar=24), "query_pre_attn_scalar=24 is not supported"),
     (dict(layer_types=["sliding_attention"]), "layer_types must list 3"),
     (dict(use_bidirectional_attention=True), "use_bidirectional_attention=true"),

@@ -99,6 +99,9 @@ class TransformerConfig:
     sliding_window_layers: list[int] | None = None  # the decoder layers that slide; None: all
     rope_local_theta: float | None = None  # sliding layers' RoPE base, never scaled (Gemma 3: 1e4)
     sandwich_norm: bool = False  # pre-norm plus a norm on each sub-layer's output (Gemma 2, 3)
+    # Soft-capping (Gemma 2): scores or logits x -> c * tanh(x / c), bounded by c; None: off
+    attention_softcap: float | None = None  # each attention score, before the mask
+    logit_softcap: float | None = None  # each output logit
 
     # --- T5 (docs/t5.md; Raffel et al. 2020) -------------------------------------------------------
     # relative position bias: buckets of log distance, one learned scalar per bucket and head added
@@ -220,6 +223,15 @@ class TransformerConfig:
             raise ValueError(f"rope_local_theta is the RoPE base of sliding layers: a positive "
                              f"number with positions='rotary' and a sliding_window, got "
                              f"{local!r} (positions={self.positions!r}, sliding_window={window!r})")
+        for name in ("attention_softcap", "logit_softcap"):
+            cap = getattr(self, name)
+            if cap is not None and (not isinstance(cap, (int, float)) or isinstance(cap, bool)
+                                    or not cap > 0):
+                raise ValueError(f"{name} must be a positive number or None, got {cap!r}")
+        if self.attention_softcap is not None and self.attention != "reference":
+            raise ValueError(f"attention_softcap transforms every attention score, which only "
+                             f"attention='reference' writes out; got attention="
+                             f"{self.attention!r}")
         if self.sandwich_norm and not self.norm_first:
             raise ValueError("sandwich_norm adds a norm after each sub-layer of a pre-norm block: "
                              "it needs norm_first=True")

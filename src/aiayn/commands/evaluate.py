@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "line.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by 'aiayn train', or "
                         "a Hugging Face checkpoint directory (Marian, BART, T5, GPT-2, Llama, "
-                        "Mistral, Qwen, Gemma 3, BERT)")
+                        "Mistral, Qwen, Gemma, BERT, DistilBERT, RoBERTa, XLM-R)")
     parser.add_argument("--data", required=True, nargs="+", metavar="PATH",
                         help="evaluation data in the task's format (translation: a TSV, or a "
                              "source and a target file)")

@@ -1,5 +1,5 @@
 """``aiayn generate RUN_DIR --prompt TEXT``: continue a prompt with a trained language model (a run
-of ``aiayn train lm`` or a Hugging Face GPT-2 / Llama / Mistral / Qwen / Gemma 3 checkpoint
+of ``aiayn train lm`` or a Hugging Face GPT-2 / Llama / Mistral / Qwen / Gemma checkpoint
 directory, with its tokenizer); ``--chat TEXT`` answers a message through the checkpoint's chat
 template instead, and ``--chat -`` holds a conversation read from stdin.
 
@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Continue a prompt with the model of RUN_DIR; tokens stream to stdout.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ('aiayn train lm') or "
-                        "a Hugging Face GPT-2 / Llama / Mistral / Qwen / Gemma 3 checkpoint "
+                        "a Hugging Face GPT-2 / Llama / Mistral / Qwen / Gemma checkpoint "
                         "directory")
     parser.add_argument("--prompt", action="append", default=None, metavar="TEXT",
                         help="text to continue (repeat for a batch of prompts; default: a newline)")

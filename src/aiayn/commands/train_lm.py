@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--eval-batch-size", type=int, default=64, help="blocks per eval batch")
     group.add_argument("--init", default=None, metavar="DIR",
                        help="fine-tune a pretrained model: an aiayn lm run or a Hugging Face "
-                            "GPT-2, Llama, Mistral, Qwen or Gemma 3 checkpoint directory (its "
+                            "GPT-2, Llama, Mistral, Qwen or Gemma checkpoint directory (its "
                             "tokenizer is kept; --preset is ignored, --set applies; the context is "
                             "the checkpoint's unless --block-size)")
     # nanoGPT's shakespeare_char recipe with the CPU overrides of its README ("baby GPT"); the

@@ -17,6 +17,8 @@ Families (one module each, each with an explicit parameter-name map):
                                                                             qkv_bias / qk_norm)
     gemma3_text              Gemma3ForCausalLM / Gemma3TextModel            CausalLM (sandwich norms,
                                                                             local RoPE, windows)
+    gemma2, gemma            Gemma2ForCausalLM / GemmaForCausalLM           CausalLM (Gemma 2: sandwich
+                             (and ...Model)                                 norms, windows, soft-caps)
     marian, bart             MarianMTModel / BartForConditionalGeneration   Transformer
                              (MarianModel / BartModel)
     vit                      ViTModel / ViTForImageClassification           VisionTransformer /

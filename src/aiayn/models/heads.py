@@ -19,7 +19,8 @@ class OutputProjection(nn.Module):
 
     With ``tied`` the weight is the given embedding matrix itself (paper 3.4), not a copy. With
     ``config.scale_output`` the hidden states are first multiplied by ``scale`` = D^-0.5 (T5, whose
-    tied matrix is trained at unit scale; mesh-tensorflow's ``logits / sqrt(d_model)``).
+    tied matrix is trained at unit scale; mesh-tensorflow's ``logits / sqrt(d_model)``). With
+    ``config.logit_softcap`` = c each logit x becomes c * tanh(x / c) (Gemma 2).
     """
 
     def __init__(self, config: TransformerConfig, embedding: nn.Embedding, *, tied: bool):
@@ -33,11 +34,15 @@ class OutputProjection(nn.Module):
             nn.init.xavier_uniform_(self.weight)
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if config.output_bias else None
         self.scale = d_model ** -0.5 if config.scale_output else 1.0
+        self.softcap = config.logit_softcap
 
     def forward(self, hidden: Tensor) -> Tensor:
         if self.scale != 1.0:
             hidden = hidden * self.scale
-        return nn.functional.linear(hidden, self.weight, self.bias)
+        logits = nn.functional.linear(hidden, self.weight, self.bias)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
 
 def pool(hidden: Tensor, padding_mask: Tensor | None, how: str) -> Tensor:

@@ -142,7 +142,7 @@ def projected_loss(hidden: Tensor, projection: nn.Module, targets: Tensor, *,
     ``label_smoothed_cross_entropy``: the same value and gradients either way.
     """
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # (N, D)
-    if chunks_loss(hidden):
+    if chunks_loss(hidden) and getattr(projection, "softcap", None) is None:  # chunks: no cap
         if projection.scale != 1.0:  # T5's D^-0.5 before the tied projection (scale_output)
             flat_hidden = flat_hidden * projection.scale
         return chunked_cross_entropy(flat_hidden, projection.weight, targets.reshape(-1),

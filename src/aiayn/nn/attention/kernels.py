@@ -101,7 +101,18 @@ class AttentionKernel(nn.Module):
 
 
 class ReferenceAttention(AttentionKernel):
-    """Eq. 1 written out; the only kernel that can also return the attention weights."""
+    """Eq. 1 written out; the only kernel that can also return the attention weights, and the only
+    one that soft-caps the scores.
+
+    Args:
+        scale: as ``AttentionKernel``.
+        softcap: None, or c: each scaled score s becomes c * tanh(s / c) before the mask (Gemma 2's
+            ``attn_logit_softcapping``).
+    """
+
+    def __init__(self, scale: float | None = None, softcap: float | None = None):
+        super().__init__(scale)
+        self.softcap = softcap
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0,
@@ -115,6 +126,8 @@ class ReferenceAttention(AttentionKernel):
         """Returns the output (B, H, T, Dh) and the weights (B, H, T, S) before dropout."""
         k, v = repeat_kv_heads(k, v, q.shape[1])  # (B, H, S, Dh)
         scores = q @ k.transpose(-2, -1) * self.score_scale(q.shape[-1])  # (B, H, T, S)
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
         if position_bias is not None:
             scores = scores + position_bias
         allowed = combine_masks(mask, causal, q.shape[-2], k.shape[-2], q.device)
@@ -201,7 +214,8 @@ def _sparse(config: "TransformerConfig") -> AttentionKernel:
 
 
 KERNELS: dict[str, KernelSpec] = {
-    "reference": KernelSpec(lambda config: ReferenceAttention(_scale(config)),
+    "reference": KernelSpec(lambda config: ReferenceAttention(_scale(config),
+                                                              config.attention_softcap),
                             "eq. 1 written out; returns weights"),
     "fused": KernelSpec(lambda config: FusedAttention(_scale(config)),
                         "torch scaled_dot_product_attention"),
@@ -238,6 +252,9 @@ def swap_exact_kernels(model: nn.Module, name: str) -> int:
     swapped = 0
     for module in model.modules():
         kernel = getattr(module, "kernel", None)
+        if getattr(kernel, "softcap", None) is not None:
+            raise ValueError("a soft-capped reference kernel computes other numbers than the "
+                             "fused one: it cannot be swapped")
         if type(kernel) in kinds.values():
             module.kernel = kinds[name](kernel.scale)
             swapped += 1

@@ -87,7 +87,8 @@ class MultiHeadAttention(nn.Module):
                           position_bias=position_bias)
         weights = None
         if need_weights:
-            weights = ReferenceAttention(self.kernel.scale).with_weights(
+            weights = ReferenceAttention(self.kernel.scale,
+                                         getattr(self.kernel, "softcap", None)).with_weights(
                 q, k, v, mask=mask, causal=causal, position_bias=position_bias)[1]
         return out, weights
 
