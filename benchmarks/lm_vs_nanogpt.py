@@ -277,8 +277,8 @@ def run_quality(args: argparse.Namespace, command: str) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         train_bin, val_bin = Path(tmp) / "train.bin", Path(tmp) / "val.bin"
-        task.train_ids.numpy().astype(np.uint16).tofile(train_bin)
-        task.valid_ids.numpy().astype(np.uint16).tofile(val_bin)
+        np.asarray(task.train_ids, dtype=np.uint16).tofile(train_bin)
+        np.asarray(task.valid_ids, dtype=np.uint16).tofile(val_bin)
         for seed in args.seeds:
             print(f"seed {seed}: {args.quality_steps} iterations", flush=True)
             model, estimates, seconds = train_nanogpt(train_bin, val_bin, vocab_size,
@@ -295,7 +295,7 @@ def run_quality(args: argparse.Namespace, command: str) -> int:
     losses = [row["val_loss"] for row in rows]
     result = {"command": command, "torch": torch.__version__, "threads": torch.get_num_threads(),
               "data": _shown(Path(args.data)), "vocab_size": vocab_size,
-              "train_tokens": task.train_ids.numel(), "valid_tokens": task.valid_ids.numel(),
+              "train_tokens": len(task.train_ids), "valid_tokens": len(task.valid_ids),
               "evaluation": f"LanguageModelTask.evaluate: whole validation split, contiguous "
                             f"non-overlapping blocks of {BLOCK}, every target once",
               "estimate": f"nanoGPT estimate_loss: mean of {EVAL_ITERS} random val batches of "
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         train_bin = workdir / "train.bin"
-        task.train_ids.numpy().astype(np.uint16).tofile(train_bin)
+        np.asarray(task.train_ids, dtype=np.uint16).tofile(train_bin)
         vocab_size = len(task.vocabulary)
         run_ours(task, 10, 0, workdir)  # warm-up both paths
         run_nanogpt(train_bin, vocab_size, 10, 0)

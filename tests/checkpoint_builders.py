@@ -305,16 +305,22 @@ def qwen3(directory: Path, *, vocab: int = 500, seed: int = 0) -> Path:
     return directory
 
 
+def _llama_tokenizer_only(directory: Path) -> int:
+    """``llama``'s tokenizer files in ``directory`` (its weights and settings removed, for another
+    family's to go there); the vocabulary's size."""
+    llama(directory)
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        (directory / name).unlink(missing_ok=True)
+    return len(json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+               ["vocab"])
+
+
 def gemma2(directory: Path, *, seed: int = 0) -> Path:
     """A Gemma2ForCausalLM (the even layers sliding with a window of 8, scores and logits
     soft-capped where they bite: 4.0 and 6.0) with the tokenizer of ``llama``."""
     import transformers
 
-    llama(directory)  # the tokenizer files; the Llama weights are replaced below
-    for name in ("config.json", "model.safetensors", "generation_config.json"):
-        (directory / name).unlink(missing_ok=True)
-    vocab = len(json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))["model"]
-                ["vocab"])
+    vocab = _llama_tokenizer_only(directory)
     config = transformers.Gemma2Config(
         vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
@@ -332,11 +338,7 @@ def gemma3(directory: Path, *, seed: int = 0) -> Path:
     with a window of 8) with the tokenizer of ``llama`` (a SentencePiece-style BPE, <s> added)."""
     import transformers
 
-    llama(directory)  # the tokenizer files; the Llama weights are replaced below
-    for name in ("config.json", "model.safetensors", "generation_config.json"):
-        (directory / name).unlink(missing_ok=True)
-    vocab = len(json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))["model"]
-                ["vocab"])
+    vocab = _llama_tokenizer_only(directory)
     config = transformers.Gemma3TextConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,

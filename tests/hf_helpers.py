@@ -124,3 +124,19 @@ def padded_logits(hf, model, vocab: int, lengths: list[int]):
              hf(right_ids, attention_mask=right_mask.long()).logits, right_mask),
             (model(ids, padding_mask=left_mask, positions=positions),
              hf(ids, attention_mask=left_mask.long(), position_ids=positions).logits, left_mask)]
+
+
+def greedy_tokens_and_hf_generate(hf, model, vocab: int, *, new_tokens: int = 50):
+    """50 greedy tokens of three left-padded prompts (9, 3 and 6 ids) from an aiayn decoder
+    (``aiayn.decoding.generation.generate``) and from the HF model's ``generate`` with no early
+    stop: (ours, theirs), each a list of three token lists."""
+    from aiayn.decoding.generation import generate
+
+    ids, mask = left_padded(vocab, [9, 3, 6], seed=5)
+    prompts = [row[row_mask].tolist() for row, row_mask in zip(ids, mask)]
+    got = generate(model, prompts, max_new_tokens=new_tokens, greedy=True).tokens
+    hf.generation_config.eos_token_id = None  # every token generated, no early stop
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=mask.long(), do_sample=False, num_beams=1,
+                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+    return got, out[:, ids.shape[1]:].tolist()

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 import aiayn
-from aiayn.decoding.generation import generate
 from aiayn.interop.hf import from_transformers
-from hf_helpers import left_padded, padded_logits, randomise
+from hf_helpers import greedy_tokens_and_hf_generate, padded_logits, randomise
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.skipif(
@@ -64,14 +63,7 @@ def test_logits_match_hf_past_the_window_with_right_and_left_padding(fused):
 def test_fifty_greedy_tokens_of_left_padded_prompts_equal_hf_generate():
     hf = hf_gemma(std=0.3)
     ours = from_transformers(hf)
-    ids, mask = left_padded(VOCAB, [9, 3, 6], seed=5)
-    prompts = [row[row_mask].tolist() for row, row_mask in zip(ids, mask)]
-    got = generate(ours, prompts, max_new_tokens=NEW_TOKENS, greedy=True).tokens
-    hf.generation_config.eos_token_id = None
-    with torch.no_grad():
-        out = hf.generate(ids, attention_mask=mask.long(), do_sample=False, num_beams=1,
-                          max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
-    want = out[:, ids.shape[1]:].tolist()
+    got, want = greedy_tokens_and_hf_generate(hf, ours, VOCAB, new_tokens=NEW_TOKENS)
     assert got == want
     assert len({tuple(row) for row in want}) == 3
 
