@@ -143,14 +143,14 @@ class TransformerConfig:
                      "num_labels", "attention_window", "attention_stride", "attention_chunk_size",
                      "image_size", "patch_size", "num_channels"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not _is_count(value):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         count = self.attention_stride_count
-        if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count <= 0):
+        if count is not None and not _is_count(count):
             raise ValueError(f"attention_stride_count must be a positive integer or None, got {count!r}")
         for name in ("n_encoder_layers", "n_decoder_layers", "type_vocab_size", "position_offset"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not _is_count(value, zero=True):
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if self.image_size % self.patch_size:
             raise ValueError(f"patch_size ({self.patch_size}) must divide image_size "
@@ -197,8 +197,7 @@ class TransformerConfig:
         _check_choice("norm", self.norm, NORMS)
         for name in ("n_kv_heads", "d_head"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value <= 0):
+            if value is not None and not _is_count(value):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}): "
@@ -209,8 +208,7 @@ class TransformerConfig:
         if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
         window, layers = self.sliding_window, self.sliding_window_layers
-        if window is not None and (not isinstance(window, int) or isinstance(window, bool)
-                                   or window <= 0):
+        if window is not None and not _is_count(window):
             raise ValueError(f"sliding_window must be a positive integer or None, got {window!r}")
         if window is not None and self.attention in ("sparse", "linear"):
             raise ValueError(f"sliding_window masks each query's keys, which attention="
@@ -218,15 +216,14 @@ class TransformerConfig:
                              f"'chunked' (sparse attention has a local window of its own: "
                              f"attention_pattern='local')")
         local = self.rope_local_theta
-        if local is not None and (not isinstance(local, (int, float)) or isinstance(local, bool)
-                                  or local <= 0 or window is None or self.positions != "rotary"):
+        if local is not None and (not _is_positive(local) or window is None
+                                  or self.positions != "rotary"):
             raise ValueError(f"rope_local_theta is the RoPE base of sliding layers: a positive "
                              f"number with positions='rotary' and a sliding_window, got "
                              f"{local!r} (positions={self.positions!r}, sliding_window={window!r})")
         for name in ("attention_softcap", "logit_softcap"):
             cap = getattr(self, name)
-            if cap is not None and (not isinstance(cap, (int, float)) or isinstance(cap, bool)
-                                    or not cap > 0):
+            if cap is not None and not _is_positive(cap):
                 raise ValueError(f"{name} must be a positive number or None, got {cap!r}")
         if self.attention_softcap is not None and self.attention != "reference":
             raise ValueError(f"attention_softcap transforms every attention score, which only "
@@ -239,8 +236,7 @@ class TransformerConfig:
             if window is None:
                 raise ValueError("sliding_window_layers needs a sliding_window")
             if not isinstance(layers, list) or not all(
-                    isinstance(i, int) and not isinstance(i, bool)
-                    and 0 <= i < self.n_decoder_layers for i in layers):
+                    _is_count(i, zero=True) and i < self.n_decoder_layers for i in layers):
                 raise ValueError(f"sliding_window_layers must be a list of decoder layer indices "
                                  f"in [0, {self.n_decoder_layers}), got {layers!r}")
         from aiayn.nn.rotary import check_rope_scaling  # late: rotary imports nothing from here
@@ -257,7 +253,7 @@ class TransformerConfig:
         buckets, distance = self.relative_attention_buckets, self.relative_attention_max_distance
         for name, value in (("relative_attention_buckets", buckets),
                             ("relative_attention_max_distance", distance)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not _is_count(value, zero=True):
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if not self.scale_attention and self.attention == "linear":
             raise ValueError("scale_attention=False means nothing to attention='linear' (its "
@@ -343,6 +339,17 @@ class TransformerConfig:
 # (derived field, the field it defaults to): __post_init__ fills a None derived field from its source.
 _DERIVED_FIELDS = (("src_vocab_size", "vocab_size"), ("final_norm", "norm_first"),
                    ("decoder_start_id", "bos_id"))
+
+
+def _is_count(value: object, *, zero: bool = False) -> bool:
+    """An int (not a bool) above 0, or at least 0 with ``zero``."""
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and (value >= 0 if zero else value > 0))
+
+
+def _is_positive(value: object) -> bool:
+    """A number (not a bool) above 0."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

@@ -188,7 +188,7 @@ def check_chat_template(run_dir: Path) -> None:
     """That ``run_dir`` has a chat template, read from its files before the model loads: a
     checkpoint's own, or the one a run fine-tuned from a checkpoint copied with its tokenizer.
     Directories of other tasks are left to ``load_model_dir``'s error."""
-    from aiayn.interop.hf_generation import chat_template
+    from aiayn.interop.hf_generation import require_chat_template
     from aiayn.tasks.checkpoints import TOKENIZER_DIR, directory_task
     from aiayn.training.run import RUN_FILE
 
@@ -198,10 +198,7 @@ def check_chat_template(run_dir: Path) -> None:
     if not directory.is_dir():
         raise ValueError(f"{run_dir}: --chat needs a Hugging Face tokenizer with a chat "
                          f"template; this run's vocabulary has none")
-    if chat_template(directory) is None:
-        raise ValueError(f"{directory}: the tokenizer has no chat template "
-                         f"(chat_template.jinja or tokenizer_config.json's chat_template); "
-                         f"use --prompt for a model that continues text")
+    require_chat_template(directory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,7 +295,7 @@ def load(args: argparse.Namespace) -> Session:
     import torch
 
     from aiayn.interop.hf_generation import GENERATION_FILE, read_generation_settings
-    from aiayn.tasks.checkpoints import TextTokenizer, load_model_dir
+    from aiayn.tasks.checkpoints import load_model_dir
     from aiayn.training.run import RUN_FILE
 
     if args.threads:
@@ -315,9 +312,6 @@ def load(args: argparse.Namespace) -> Session:
         for setting in checkpoint.unsupported:
             print(f"aiayn generate: warning: {settings / GENERATION_FILE} sets {setting}, which "
                   f"aiayn does not apply", file=sys.stderr)
-    if args.chat is not None and not isinstance(vocabulary, TextTokenizer):
-        raise ValueError(f"{args.run_dir}: --chat needs a Hugging Face tokenizer with a chat "
-                         f"template; this run's vocabulary has none")
     return Session(
         inference=engine.engine(run_.model.to(torch.device(args.device)), args),
         vocabulary=vocabulary, context=run_.model_config.max_length,

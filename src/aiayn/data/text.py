@@ -100,7 +100,6 @@ class CharVocabulary:
         if len(set(symbols)) != len(symbols):
             raise ValueError("vocabulary symbols must be distinct")
         self.symbols = symbols
-        self.index = {symbol: i for i, symbol in enumerate(symbols)}
         # Code points in ascending order and the id of each: ``ids`` looks characters up by a
         # binary search over them, a whole text at once.
         codes = _code_points("".join(symbols))

@@ -26,7 +26,6 @@ the chunks fall. Ids are ``uint16`` when the vocabulary has at most 65,536 entri
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -205,11 +204,10 @@ def encode_text(path: str | Path, *, encode_batch: EncodeBatch, vocab_size: int,
 
     dtype = token_dtype(vocab_size)
     buffer = io.BytesIO()
-    lines = part()
-    first = next(lines, None)  # reads up to the part, so position is where it starts
-    chunks = _chunks(itertools.chain([first], lines) if first is not None else iter(()))
-    _, characters = _encode_into(chunks, encode_batch, buffer, dtype, vocab_size, str(path),
-                                 position)
+    # part() moves position to where the part starts before it yields; positions are read only
+    # once a chunk is encoded
+    _, characters = _encode_into(_chunks(part()), encode_batch, buffer, dtype, vocab_size,
+                                 str(path), position)
     return np.frombuffer(buffer.getbuffer(), dtype=dtype.newbyteorder("<")), characters
 
 

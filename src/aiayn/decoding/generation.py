@@ -2,7 +2,8 @@
 
 One prefill of the (left-padded) prompts, then one token per step (``aiayn.decoding.sampling`` picks
 it): greedy, temperature, top-k, top-p and min-p sampling, a repetition penalty, stop token ids, a
-host-side stop test (e.g. stop strings), a seeded generator, batched prompts of different lengths, and a per-step streaming callback.
+host-side stop test (e.g. stop strings), a seeded generator, batched prompts of different lengths,
+and a per-step streaming callback.
 What to generate is a ``GenerationConfig``; how the model runs is a ``Steps`` object (plain calls of
 ``decode_step`` by default; ``aiayn.fast`` passes compiled steps or CUDA graphs).
 

@@ -26,7 +26,7 @@ from torch import nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, Checkpoint, NameMap, Rule,
-                                     activation_from_hf, build_config, require)
+                                     activation_from_hf, build_config, require, require_fields)
 from aiayn.models import MaskedLM, SequenceClassifier, TransformerEncoder
 
 MODEL_TYPES = ("bert",)
@@ -251,10 +251,7 @@ def check_exportable(config: TransformerConfig, model: nn.Module, *,
         required.update(pooler=True, pooler_activation="tanh", pooling="first")
     if isinstance(model, MaskedLM):
         required.update(mlm_transform=True, output_bias=True)
-    for name, value in required.items():
-        if getattr(config, name) != value:
-            raise ValueError(f"cannot export as {family}: {family} needs {name}={value!r}, the "
-                             f"model has {name}={getattr(config, name)!r}")
+    require_fields(config, required, family)
     if not config.type_vocab_size:
         raise ValueError(f"cannot export as {family}: {family} needs token-type embeddings "
                          f"(type_vocab_size > 0), the model has type_vocab_size=0")
@@ -278,14 +275,14 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
 def hf_config(config: TransformerConfig, architecture: str) -> dict[str, Any]:
     """The config.json of a BERT-layout checkpoint of ``architecture`` (RoBERTa's too)."""
     return dict(model_type="bert", architectures=[architecture], vocab_size=config.vocab_size,
-              hidden_size=config.d_model, num_attention_heads=config.n_heads,
-              intermediate_size=config.d_ff, num_hidden_layers=config.n_encoder_layers,
-              max_position_embeddings=config.max_length,
-              type_vocab_size=config.type_vocab_size,
-              hidden_act=AIAYN_ACTIVATIONS[config.activation],
-              layer_norm_eps=config.layer_norm_eps, hidden_dropout_prob=config.dropout,
-              attention_probs_dropout_prob=config.attention_dropout,
-              position_embedding_type="absolute", pad_token_id=config.pad_id,
-              tie_word_embeddings=config.tie_output, initializer_range=config.init_std or 0.02,
-              id2label={str(i): f"LABEL_{i}" for i in range(config.num_labels)},
-              label2id={f"LABEL_{i}": i for i in range(config.num_labels)})
+                hidden_size=config.d_model, num_attention_heads=config.n_heads,
+                intermediate_size=config.d_ff, num_hidden_layers=config.n_encoder_layers,
+                max_position_embeddings=config.max_length,
+                type_vocab_size=config.type_vocab_size,
+                hidden_act=AIAYN_ACTIVATIONS[config.activation],
+                layer_norm_eps=config.layer_norm_eps, hidden_dropout_prob=config.dropout,
+                attention_probs_dropout_prob=config.attention_dropout,
+                position_embedding_type="absolute", pad_token_id=config.pad_id,
+                tie_word_embeddings=config.tie_output, initializer_range=config.init_std or 0.02,
+                id2label={str(i): f"LABEL_{i}" for i in range(config.num_labels)},
+                label2id={f"LABEL_{i}": i for i in range(config.num_labels)})

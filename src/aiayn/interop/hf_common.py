@@ -113,6 +113,17 @@ class Checkpoint:
         return self.files.get(key, self.directory)
 
 
+def require_fields(config: Any, required: dict[str, Any], family: str, *,
+                   subject: str | None = None) -> None:
+    """Raise unless each config field of ``required`` has its value: an export names the first
+    field the HF family cannot express ("cannot export as {family}: {subject} needs ...";
+    ``subject`` defaults to the family)."""
+    for name, value in required.items():
+        if getattr(config, name) != value:
+            raise ValueError(f"cannot export as {family}: {subject or family} needs "
+                             f"{name}={value!r}, the model has {name}={getattr(config, name)!r}")
+
+
 # --- reading -------------------------------------------------------------------------------------
 def read_config(directory: str | Path) -> dict[str, Any]:
     """The parsed ``config.json`` of an HF checkpoint directory.

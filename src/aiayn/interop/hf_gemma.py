@@ -35,7 +35,7 @@ from torch import nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, NameMap, activation_from_hf,
-                                     build_config, require)
+                                     build_config, require, require_fields)
 from aiayn.interop.hf_llama import LLAMA_NORMS, rope_settings, token_id
 from aiayn.interop.hf_llama import name_map as llama_name_map
 from aiayn.models import CausalLM
@@ -84,9 +84,9 @@ def _rope(hf: dict[str, Any], source) -> tuple[float, dict[str, Any] | None, flo
 
 
 def _sliding_layers(hf: dict[str, Any], layers: int, pattern: int | None, source) -> list[int]:
-    kinds = hf.get("layer_types")
-    if pattern is None:
+    if pattern is None:  # Gemma: no window
         return []
+    kinds = hf.get("layer_types")
     if kinds is None:  # transformers 4: every sliding_window_pattern-th layer is global
         pattern = hf.get("sliding_window_pattern", pattern)
         return [i for i in range(layers) if (i + 1) % pattern]
@@ -223,10 +223,7 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
         required.update(attention_softcap=None, logit_softcap=None)
     if model_type == "gemma":
         required.update(attention_softcap=None, logit_softcap=None, sliding_window=None)
-    for name, value in required.items():
-        if getattr(config, name) != value:
-            raise ValueError(f"cannot export as {generation.name}: it needs {name}={value!r}, the "
-                             f"model has {name}={getattr(config, name)!r}")
+    require_fields(config, required, generation.name, subject="it")
     n = config.n_decoder_layers
     sliding = set(range(n) if config.sliding_window_layers is None
                   else config.sliding_window_layers) if config.sliding_window else set()

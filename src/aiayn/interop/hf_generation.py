@@ -100,6 +100,16 @@ def chat_template(directory: str | Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
+def require_chat_template(directory: str | Path) -> str:
+    """``chat_template(directory)``, or a ValueError saying the tokenizer has none."""
+    template = chat_template(directory)
+    if template is None:
+        raise ValueError(f"{directory}: the tokenizer has no chat template "
+                         f"({CHAT_TEMPLATE_FILE} or tokenizer_config.json's chat_template); "
+                         f"use --prompt for a model that continues text")
+    return template
+
+
 def render_chat(template: str, messages: list[dict[str, str]], *,
                 special_tokens: dict[str, str], add_generation_prompt: bool = True) -> str:
     """The text of a conversation as the checkpoint's template lays it out, with the opening of the

@@ -18,7 +18,7 @@ from torch import nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, Checkpoint, NameMap, Rule,
-                                     activation_from_hf, build_config, require)
+                                     activation_from_hf, build_config, require, require_fields)
 from aiayn.models import CausalLM
 
 MODEL_TYPES = ("gpt2",)
@@ -110,10 +110,7 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
     required = dict(norm_first=True, final_norm=True, positions="learned", position_offset=0,
                     scale_embeddings=False, embedding_norm=False, type_vocab_size=0, bias=True,
                     output_bias=False, fused_projections=True)
-    for name, value in required.items():
-        if getattr(config, name) != value:
-            raise ValueError(f"cannot export as GPT-2: GPT-2 needs {name}={value!r}, the model has "
-                             f"{name}={getattr(config, name)!r}")
+    require_fields(config, required, "GPT-2")
     hf = dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], vocab_size=config.vocab_size,
               n_embd=config.d_model, n_head=config.n_heads, n_inner=config.d_ff,
               n_layer=config.n_decoder_layers, n_positions=config.max_length,

@@ -27,7 +27,7 @@ from torch import nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, CONFIG_FILE, Checkpoint, NameMap, Rule,
-                                     activation_from_hf, build_config, require)
+                                     activation_from_hf, build_config, require, require_fields)
 from aiayn.models import CausalLM
 from aiayn.nn.rotary import check_rope_scaling
 
@@ -250,10 +250,7 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
                     gated_ffn=True, scale_embeddings=False, embedding_norm=False,
                     type_vocab_size=0, output_bias=False, relative_attention_buckets=0,
                     scale_attention=True, scale_output=False, rope_local_theta=None)
-    for name, value in required.items():
-        if getattr(config, name) != value:
-            raise ValueError(f"cannot export as Llama: Llama needs {name}={value!r}, the model has "
-                             f"{name}={getattr(config, name)!r}")
+    require_fields(config, required, "Llama")
     family = _export_family(config)
     activation = "silu" if config.activation == "silu" else AIAYN_ACTIVATIONS[config.activation]
     hf = dict(model_type=family, architectures=[CLASSES[family]], vocab_size=config.vocab_size,
@@ -280,5 +277,6 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
                   max_window_layers=n if window is None else min(sliding),
                   layer_types=["sliding_attention" if window is not None and i in sliding
                                else "full_attention" for i in range(n)])
-        hf.update(attention_bias=False) if family == "qwen3" else None
+        if family == "qwen3":
+            hf["attention_bias"] = False
     return hf, name_map(config, "model.", has_head=True)

@@ -29,7 +29,7 @@ from torch import nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, CONFIG_FILE, Checkpoint, NameMap, Rule,
-                                     activation_from_hf, build_config, require)
+                                     activation_from_hf, build_config, require, require_fields)
 from aiayn.models import Transformer
 
 MODEL_TYPES = ("t5",)
@@ -173,10 +173,7 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
                     scale_embeddings=False, embedding_norm=False, type_vocab_size=0,
                     scale_attention=False, tie_source_target=True, output_bias=False,
                     attention_dropout=config.dropout, activation_dropout=config.dropout)
-    for name, value in required.items():
-        if getattr(config, name) != value:
-            raise ValueError(f"cannot export as T5: T5 needs {name}={value!r}, the model has "
-                             f"{name}={getattr(config, name)!r}")
+    require_fields(config, required, "T5")
     if config.kv_heads != config.n_heads:
         raise ValueError(f"cannot export as T5: T5 has one key/value head per query head, the model "
                          f"has n_kv_heads={config.n_kv_heads}")

@@ -27,7 +27,7 @@ from torch import nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, CONFIG_FILE, Checkpoint, NameMap, Rule,
-                                     activation_from_hf, build_config, require)
+                                     activation_from_hf, build_config, require, require_fields)
 from aiayn.models.vision import ImageClassifier, VisionTransformer
 
 MODEL_TYPES = ("vit",)
@@ -162,10 +162,7 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
     config: TransformerConfig = model.config
     required = dict(norm_first=True, final_norm=True, bias=True, layer_norm_bias=True,
                     pooling="first", pooler=False)
-    for name, value in required.items():
-        if getattr(config, name) != value:
-            raise ValueError(f"cannot export as ViT: ViT needs {name}={value!r}, the model has "
-                             f"{name}={getattr(config, name)!r}")
+    require_fields(config, required, "ViT")
     task = "encoder" if isinstance(model, VisionTransformer) else "classification"
     architecture = {"encoder": "ViTModel", "classification": "ViTForImageClassification"}[task]
     hf = dict(model_type="vit", architectures=[architecture], hidden_size=config.d_model,

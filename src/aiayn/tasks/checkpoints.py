@@ -70,13 +70,9 @@ class TextTokenizer:
         Raises:
             ValueError: the tokenizer has no chat template, or the template fails.
         """
-        from aiayn.interop.hf_generation import chat_template, render_chat
+        from aiayn.interop.hf_generation import render_chat, require_chat_template
 
-        template = chat_template(self.directory)
-        if template is None:
-            raise ValueError(f"{self.directory}: the tokenizer has no chat template "
-                             f"(chat_template.jinja or tokenizer_config.json's chat_template); "
-                             f"use --prompt for a model that continues text")
+        template = require_chat_template(self.directory)
         specials = {name: self.tokenizer.id_to_token(index)
                     for name, index in self.tokenizer.special_ids.items()}
         text = render_chat(template, messages, special_tokens=specials)
