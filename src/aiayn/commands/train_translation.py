@@ -16,10 +16,10 @@ from aiayn.commands.train import (add_embedding_lr_scale, describe_recipes, embe
 DEFAULT_PRESET = "mt-cpu"
 # The recipe of each device, every setting applied where the command line leaves it unset
 # (docs/translation.md). On the CPU, 3000 steps, float32: 9 minutes on 2 cores reach about 1,600
-# steps. On CUDA the same model trains for longer, as a GPU runs about 40 of its steps a second:
+# steps. On CUDA the same model trains for longer, as a GPU runs 30-40 of its steps a second:
 # checkpoints every 1000 steps, the last 5 averaged (paper 6.1), bf16 where the card runs it
-# natively. Trained so on the CPU, the model was still improving at step 20,000: test BLEU 34.11
-# greedy / 33.73 beam 4.
+# natively. On an H200 the 540 s ran 17,239 steps: test BLEU 32.59 greedy / 33.30 beam 4
+# (benchmarks/results/gpu/main_job.json).
 CPU_RECIPE = dict(steps=3000, eval_every=500, save_every=500, average_last=0, autocast="none")
 CUDA_RECIPE = dict(steps=20000, eval_every=1000, save_every=1000, average_last=5,
                    autocast="auto")
