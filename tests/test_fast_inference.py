@@ -521,3 +521,20 @@ def test_by_default_a_cpu_model_decodes_with_the_plain_steps():
     engine = prepare_for_inference(lm())
     assert engine.options.compile is None and not engine.compiles
     assert engine.decode_step is decode_step and engine.decoder_step is decoder_step
+
+
+@pytest.mark.parametrize("command", [["translate", "RUN"], ["evaluate", "RUN", "--data", "x.tsv"],
+                                     ["generate", "RUN"]])
+def test_decoding_commands_compile_only_when_asked(command):
+    """A command runs one job: its engine compiles with --compile alone, on any device (on a GPU
+    its steps replay CUDA graphs either way; compiling the bundled test set's beam search took
+    longer than decoding it)."""
+    from aiayn.cli import build_parser
+    from aiayn.commands import engine as command_engine
+
+    parser = build_parser()
+    for extra, compiles in (([], False), (["--compile"], True), (["--no-compile"], False)):
+        args = parser.parse_args(command + extra)
+        made = command_engine.engine(lm(), args)
+        assert made.options.compile is compiles and made.compiles is compiles
+        assert made.options.cuda_graphs
