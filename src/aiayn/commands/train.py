@@ -104,7 +104,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("run")
     group.add_argument("--out", required=True, metavar="RUN_DIR",
                        help="run directory to create, or to resume if it holds checkpoints")
-    group.add_argument("--preset", default="base", help="model preset (aiayn.config.PRESETS)")
+    group.add_argument("--preset", default="base", help="model preset (aiayn.presets.PRESETS)")
     group.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                        help="override a model config field, e.g. --set dropout=0.2 (repeatable)")
     group.add_argument("--no-resume", action="store_true",
