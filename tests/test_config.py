@@ -1,4 +1,6 @@
 import dataclasses
+import json
+import re
 
 import pytest
 
@@ -52,10 +54,30 @@ def test_tied_matrices_are_one_parameter():
     ("layer_norm_eps", 0.0, "layer_norm_eps"),
     ("pad_id", 100, "pad_id must be a token id"),
     ("init_std", -1.0, "init_std"),
+    ("attention_scale", 0, "attention_scale must be a positive number or None, got 0"),
+    ("attention_scale", -0.125, "attention_scale must be a positive number or None, got -0.125"),
+    ("attention_scale", True, "attention_scale must be a positive number or None, got True"),
+    ("attention_scale", float("inf"), "attention_scale must be a positive number or None"),
+    ("attention_scale", "0.1", "attention_scale must be a positive number or None, got '0.1'"),
 ])
 def test_invalid_fields_raise_value_error_naming_them(field, value, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace(")", r"\)")):
         TransformerConfig.preset("tiny", **{field: value})
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(attention_scale=0.125, scale_attention=False),
+     "attention_scale=0.125 and scale_attention=False both set the score scale; set "
+     "attention_scale alone"),
+    (dict(attention="linear", attention_scale=1.0),
+     "attention_scale=1.0 means nothing to attention='linear' (its feature map has no softmax "
+     "scale)"),
+    (dict(attention="linear", scale_attention=False),
+     "scale_attention=False means nothing to attention='linear'"),
+])
+def test_an_attention_scale_the_kernel_cannot_use_is_refused(fields, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        TransformerConfig.preset("tiny", **fields)
 
 
 def test_unknown_preset_and_unknown_key():
@@ -77,6 +99,17 @@ def test_json_round_trip(tmp_path):
         TransformerConfig.load(tmp_path / "broken.json")
     with pytest.raises(FileNotFoundError, match="missing.json"):
         TransformerConfig.load(tmp_path / "missing.json")
+
+
+def test_attention_scale_round_trips_and_old_files_without_it_load(tmp_path):
+    config = TransformerConfig.preset("tiny", attention_scale=144 ** -0.5)
+    assert TransformerConfig.from_dict(config.to_dict()) == config
+    config.save(tmp_path / "config.json")
+    assert TransformerConfig.load(tmp_path / "config.json").attention_scale == 144 ** -0.5
+    old = {k: v for k, v in TransformerConfig.preset("tiny").to_dict().items()
+           if k != "attention_scale"}  # a file written before the field existed
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert TransformerConfig.load(tmp_path / "old.json").attention_scale is None
 
 
 def test_derived_fields_and_keyword_only():

@@ -3,8 +3,8 @@ download): sandwich norms, QK-norm, embeddings times sqrt(D), GEGLU, Gemma's 1 +
 a gain, two of three layers sliding (window 8) with RoPE base 10,000 and the global layer at 1e6
 with linear scaling. Logits within 1e-4 at 40 positions with right and left padding, fused and
 separate projections; 50 greedy tokens of left-padded prompts equal HF ``generate``; round trips
-through ``save_pretrained`` that transformers loads as Gemma 3; transformers 4's config layout;
-what aiayn cannot express is refused."""
+through ``save_pretrained`` that transformers loads as Gemma 3; a query_pre_attn_scalar other than
+the head width; transformers 4's config layout; what aiayn cannot express is refused."""
 
 from __future__ import annotations
 
@@ -60,6 +60,23 @@ def test_logits_match_hf_past_the_window_with_right_and_left_padding(fused):
         assert (got - want)[mask].abs().max() > 1e-2, change
 
 
+def test_a_query_pre_attn_scalar_other_than_the_head_width_loads_and_saves(tmp_path):
+    """Scores times query_pre_attn_scalar^-1/2 (24, head width 16): logits within 1e-4 with right
+    and left padding (the head width's scale changes them), written back as 24."""
+    hf = hf_gemma(query_pre_attn_scalar=24)
+    ours = from_transformers(hf)
+    assert ours.config.attention_scale == 24 ** -0.5
+    for got, want, mask in padded_logits(hf, ours, VOCAB, [40, 31, 23]):
+        assert (got - want)[mask].abs().max() < 1e-4
+    got, want, mask = padded_logits(hf, from_transformers(hf, attention_scale=None), VOCAB,
+                                    [40, 31, 23])[0]
+    assert (got - want)[mask].abs().max() > 1e-2
+    aiayn.save_pretrained(ours, tmp_path)
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert again.config.query_pre_attn_scalar == 24
+    assert aiayn.from_pretrained(tmp_path).config == ours.config
+
+
 def test_fifty_greedy_tokens_of_left_padded_prompts_equal_hf_generate():
     hf = hf_gemma(std=0.3)
     ours = from_transformers(hf)
@@ -107,7 +124,7 @@ def test_a_transformers_4_config_json_reads_the_same(tmp_path):
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(query_pre_attn_scalar=24), "query_pre_attn_scalar=24 is not supported"),
+    (dict(query_pre_attn_scalar=0), "query_pre_attn_scalar must be a positive number, got 0"),
     (dict(layer_types=["sliding_attention"]), "layer_types must list 3"),
     (dict(use_bidirectional_attention=True), "use_bidirectional_attention=true"),
 ])

@@ -1,12 +1,16 @@
 """aiayn's decoder equals Hugging Face ``Gemma2ForCausalLM`` and ``GemmaForCausalLM`` built from
 configs (random weights, no download). Gemma 2: sandwich norms, every other layer sliding (window 8),
 attention scores and logits soft-capped (c * tanh(x / c)), embeddings times sqrt(D), Gemma's 1 + w
-RMSNorm. Gemma: Llama's two norms a layer, GEGLU, multi-query attention, embeddings times sqrt(D).
-Logits within 1e-4 at 40 positions with right and left padding; each soft-cap matters; 50 greedy
-tokens of left-padded prompts equal HF ``generate``; round trips that transformers loads as the same
-class; transformers 4's config layout; the soft-capped kernel refuses what it cannot do."""
+RMSNorm, and the 27B's scores times query_pre_attn_scalar^-1/2 with it not the head width. Gemma:
+Llama's two norms a layer, GEGLU, multi-query attention, embeddings times sqrt(D). Logits within
+1e-4 at 40 positions with right and left padding; each soft-cap and the 27B's scale matter; 50
+greedy tokens of left-padded prompts equal HF ``generate``; round trips that transformers loads as
+the same class, with the same query_pre_attn_scalar; transformers 4's config layout; the
+soft-capped kernel refuses what it cannot do."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -38,6 +42,11 @@ def hf_gemma2(std: float = 0.15, **fields):
     return model
 
 
+def hf_gemma2_27b(std: float = 0.15):
+    """Gemma 2 27B's scale at this size: query_pre_attn_scalar (24) is not the head width (16)."""
+    return hf_gemma2(std, query_pre_attn_scalar=24)
+
+
 def hf_gemma(std: float = 0.15, **fields):
     settings = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=1, head_dim=32,
@@ -48,6 +57,9 @@ def hf_gemma(std: float = 0.15, **fields):
     model = transformers.GemmaForCausalLM(config).eval()
     randomise(model, std=std, skip=("rotary_emb", "embed_scale"))
     return model
+
+
+BUILDERS = {"gemma2": hf_gemma2, "gemma2-27b": hf_gemma2_27b, "gemma": hf_gemma}
 
 
 @needs_gemma2
@@ -70,6 +82,49 @@ def test_gemma2_logits_match_hf_past_the_window_with_right_and_left_padding(fuse
         assert (got - want)[mask].abs().max() > 1e-2, change
 
 
+@needs_gemma2
+@pytest.mark.parametrize("softcap", [2.0, None], ids=["reference", "fused"])
+def test_a_query_pre_attn_scalar_other_than_the_head_width_scales_the_scores(softcap):
+    """Gemma 2 27B's layout (query_pre_attn_scalar 144 = D / H, head width 128) at head width 16
+    and query_pre_attn_scalar 24: scores times 24^-1/2, through the soft-capped reference kernel
+    and through SDPA; the head width's scale instead changes the logits."""
+    hf = hf_gemma2(query_pre_attn_scalar=24, attn_logit_softcapping=softcap)
+    ours = from_transformers(hf)
+    assert ours.config.attention_scale == 24 ** -0.5 and ours.config.head_dim == 16
+    assert ours.config.attention == ("reference" if softcap else "fused")
+    for got, want, mask in padded_logits(hf, ours, VOCAB, [40, 31, 23]):  # right, then left
+        assert want[mask].std() > 0.5
+        assert (got - want)[mask].abs().max() < 1e-4
+    head_width = from_transformers(hf, attention_scale=None)
+    got, want, mask = padded_logits(hf, head_width, VOCAB, [40, 31, 23])[0]
+    assert (got - want)[mask].abs().max() > 1e-2
+
+
+def test_gemma_2_27b_config_json_reads_its_scale_and_writes_it_back(tmp_path):
+    """The 27B's published attention sizes: query_pre_attn_scalar 144 (4608 / 32) with head_dim
+    128 becomes attention_scale 144^-1/2, and export writes 144 back, an int; the head width's
+    scalar is no field at all; a scalar that is no positive number is refused."""
+    gemma2 = dict(model_type="gemma2", architectures=["Gemma2ForCausalLM"], vocab_size=VOCAB,
+                  hidden_size=4608, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=32, num_key_value_heads=16, head_dim=128,
+                  query_pre_attn_scalar=144, sliding_window=4096, rope_theta=10000.0,
+                  final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
+    checkpoint = aiayn.interop.hf_common.Checkpoint(tmp_path, gemma2, {}, {})
+    read = aiayn.interop.hf_gemma.config_from_hf
+    ours = read(gemma2, checkpoint, {})
+    assert ours.attention_scale == 144 ** -0.5 and ours.head_dim == 128
+    scalar = aiayn.interop.hf_gemma._query_pre_attn_scalar(ours)
+    assert scalar == 144 and type(scalar) is int
+    assert read({**gemma2, "query_pre_attn_scalar": 128}, checkpoint, {}).attention_scale is None
+    assert aiayn.interop.hf_gemma._query_pre_attn_scalar(ours.replace(attention_scale=0.3)) \
+        == pytest.approx(0.3 ** -2)
+    for bad in (0, -144, "144", True):
+        with pytest.raises(ValueError, match="query_pre_attn_scalar must be a positive number"):
+            read({**gemma2, "query_pre_attn_scalar": bad}, checkpoint, {})
+    gemma = dict(gemma2, model_type="gemma", architectures=["GemmaForCausalLM"])
+    assert read(gemma, checkpoint, {}).attention_scale is None  # Gemma scales by Dh^-1/2 alone
+
+
 def test_gemma_logits_match_hf_with_right_and_left_padding():
     hf = hf_gemma()
     ours = from_transformers(hf)
@@ -81,26 +136,31 @@ def test_gemma_logits_match_hf_with_right_and_left_padding():
         assert (got - want)[mask].abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("family", [pytest.param("gemma2", marks=needs_gemma2), "gemma"])
+@pytest.mark.parametrize("family", [pytest.param("gemma2", marks=needs_gemma2),
+                                    pytest.param("gemma2-27b", marks=needs_gemma2), "gemma"])
 def test_fifty_greedy_tokens_of_left_padded_prompts_equal_hf_generate(family):
-    hf = hf_gemma2(std=0.3) if family == "gemma2" else hf_gemma(std=0.3)
+    hf = BUILDERS[family](std=0.3)
     ours = from_transformers(hf)
     got, want = greedy_tokens_and_hf_generate(hf, ours, VOCAB, new_tokens=NEW_TOKENS)
     assert got == want
     assert len({tuple(row) for row in want}) == 3
 
 
-@pytest.mark.parametrize("family, cls", [pytest.param("gemma2", "Gemma2ForCausalLM",
-                                                      marks=needs_gemma2),
-                                         ("gemma", "GemmaForCausalLM")])
+@pytest.mark.parametrize("family, cls", [
+    pytest.param("gemma2", "Gemma2ForCausalLM", marks=needs_gemma2),
+    pytest.param("gemma2-27b", "Gemma2ForCausalLM", marks=needs_gemma2),
+    ("gemma", "GemmaForCausalLM")])
 def test_save_pretrained_round_trips_through_transformers(tmp_path, family, cls):
-    hf = hf_gemma2() if family == "gemma2" else hf_gemma()
+    hf = BUILDERS[family]()
     hf.save_pretrained(tmp_path / "hf")
     ours = aiayn.from_pretrained(tmp_path / "hf")
     aiayn.save_pretrained(ours, tmp_path / "ours")
     again = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path / "ours", attn_implementation="eager").eval()
     assert type(again).__name__ == cls
+    written = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert written.get("query_pre_attn_scalar") == getattr(hf.config, "query_pre_attn_scalar",
+                                                           None)
     assert aiayn.from_pretrained(tmp_path / "ours").config == ours.config
     ids = torch.randint(3, VOCAB, (2, 30))
     with torch.no_grad():

@@ -1,4 +1,5 @@
-"""Fused kernel == reference kernel, forward and backward, under every mask; no NaN anywhere."""
+"""Fused kernel == reference kernel, forward and backward, under every mask; no NaN anywhere; an
+explicit score scale (``attention_scale``) in every exact kernel == softmax(q k^T * s) v by hand."""
 
 import math
 
@@ -105,3 +106,50 @@ def test_swap_exact_kernels_changes_the_kernel_not_the_model():
     assert all(type(m.kernel) is FusedAttention for m in model.modules() if hasattr(m, "kernel"))
     with pytest.raises(ValueError, match="between 'reference' and 'fused'"):
         swap_exact_kernels(model, "linear")
+
+
+SCALE = 0.7  # far from the default 1 / sqrt(DH) = 0.35
+
+
+def _scaled_kernels():
+    from aiayn.nn.attention.chunked import ChunkedAttention
+    from aiayn.nn.attention.sparse import SparseAttention
+
+    # sparse with a local window wider than the keys attends to every key: exact
+    return {"reference": ReferenceAttention(SCALE), "fused": FusedAttention(SCALE),
+            "chunked": ChunkedAttention(3, scale=SCALE),
+            "sparse": SparseAttention("local", window=64, scale=SCALE)}
+
+
+@pytest.mark.parametrize("case", ["none", "padding", "causal", "padding+causal"])
+@pytest.mark.parametrize("name", list(_scaled_kernels()))
+def test_an_explicit_scale_multiplies_the_scores_in_every_exact_kernel(name, case):
+    """softmax(q k^T * s) v written out, forward and backward, with T < S (right-aligned causal)."""
+    mask, causal = _masks()[case]
+    q, k, v = _inputs(torch.float64)
+    allowed = torch.ones(B, 1, T, S, dtype=torch.bool)
+    if mask is not None:
+        allowed = allowed & mask
+    if causal:
+        allowed = allowed & causal_mask(T, S)
+    weights = (q @ k.transpose(-1, -2) * SCALE).masked_fill(~allowed, -math.inf).softmax(-1)
+    want = weights @ v
+    got = _scaled_kernels()[name](q, k, v, mask=mask, causal=causal)
+    torch.testing.assert_close(got, want)
+    for grad, want_grad in zip(torch.autograd.grad(got.square().sum(), (q, k, v)),
+                               torch.autograd.grad(want.square().sum(), (q, k, v))):
+        torch.testing.assert_close(grad, want_grad)
+    default = type(_scaled_kernels()[name])(**({"window": 64} if name == "sparse" else {}))
+    assert (default(q, k, v, mask=mask, causal=causal) - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("attention", ["reference", "fused", "chunked", "sparse"])
+def test_every_softmax_kernel_built_from_a_config_takes_its_attention_scale(attention):
+    from aiayn import TransformerConfig
+    from aiayn.nn.attention.kernels import make_kernel
+
+    config = TransformerConfig.preset("tiny", attention=attention, attention_scale=SCALE)
+    assert make_kernel(config).scale == SCALE
+    assert make_kernel(config, cross=True).scale == SCALE
+    assert make_kernel(config.replace(attention_scale=None)).scale is None
+    assert make_kernel(config.replace(attention_scale=None, scale_attention=False)).scale == 1.0

@@ -289,6 +289,20 @@ def test_cached_decoding_equals_the_full_forward(attention):
     torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("attention", ["fused", "reference", "chunked", "sparse"])
+def test_an_explicit_attention_scale_decodes_with_a_cache_as_the_full_forward(attention):
+    """Gemma 2 27B's scale, query_pre_attn_scalar^-1/2 with it not the head width: the prefill
+    and each cached step use it as the full forward does, and it changes the model."""
+    changes = dict(attention=attention, attention_chunk_size=4, attention_window=64)
+    model = llama(attention_scale=0.5, **changes)  # Dh = 8: the default is 0.35
+    ids = torch.randint(3, 50, (2, 12))
+    with torch.no_grad():
+        full = model(ids)
+        steps = cached(model, ids, 5)
+        assert (llama(**changes)(ids) - full).abs().max() > 1e-2
+    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
+
+
 def test_left_padded_rows_generate_what_they_generate_alone():
     model = llama()
     batch = generate(model, PROMPTS, max_new_tokens=20, greedy=True).tokens
@@ -368,7 +382,8 @@ def test_a_head_width_of_its_own_sizes_the_projections():
                                               rope_scaling=YARN, sliding_window=4,
                                               sliding_window_layers=[1]),
                                      dict(sandwich_norm=True, qk_norm=True, sliding_window=4,
-                                          sliding_window_layers=[0], rope_local_theta=100.0)],
+                                          sliding_window_layers=[0], rope_local_theta=100.0,
+                                          attention_scale=0.25)],
                          ids=["llama", "qwen-yarn-window", "gemma3"])
 def test_the_modern_decoder_compiles_whole_for_training_and_a_cached_step(changes):
     """``torch.compile(fullgraph=True)``: rotary (also scaled), RMSNorm, SwiGLU, grouped heads and

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -112,6 +113,7 @@ class TransformerConfig:
     relative_attention_buckets: int = 0
     relative_attention_max_distance: int = 128
     scale_attention: bool = True  # divide q.k by sqrt(d_k) (paper 3.2.1); T5 folds it into the init
+    attention_scale: float | None = None  # q.k times this, not 1/sqrt(d_k) (Gemma 2 27B: 144^-1/2)
     scale_output: bool = False  # multiply the hidden states by d_model^-0.5 before the output projection
 
     # --- heads of the encoder-only family ----------------------------------------------------------
@@ -187,6 +189,7 @@ class TransformerConfig:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
         self._validate_modern()
         self._validate_t5()
+        self._validate_attention_scale()
         for name in ("pad_id", "bos_id", "eos_id", "decoder_start_id"):
             value = getattr(self, name)
             if not isinstance(value, int) or not 0 <= value < self.vocab_size:
@@ -258,9 +261,6 @@ class TransformerConfig:
                             ("relative_attention_max_distance", distance)):
             if not _is_count(value, zero=True):
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-        if not self.scale_attention and self.attention == "linear":
-            raise ValueError("scale_attention=False means nothing to attention='linear' (its "
-                             "feature map has no softmax scale); leave scale_attention=True")
         if not buckets:
             return
         if buckets < 4 or distance <= buckets // 2:
@@ -276,6 +276,18 @@ class TransformerConfig:
             raise ValueError(f"attention={self.attention!r} cannot add a relative position bias to "
                              f"its scores; use attention='fused' or 'reference' with "
                              f"relative_attention_buckets")
+
+    def _validate_attention_scale(self) -> None:
+        scale = self.attention_scale
+        if scale is not None and not (_is_positive(scale) and math.isfinite(scale)):
+            raise ValueError(f"attention_scale must be a positive number or None, got {scale!r}")
+        if scale is not None and not self.scale_attention:
+            raise ValueError(f"attention_scale={scale!r} and scale_attention=False both set the "
+                             f"score scale; set attention_scale alone")
+        if self.attention == "linear" and (scale is not None or not self.scale_attention):
+            name = "scale_attention=False" if scale is None else f"attention_scale={scale!r}"
+            raise ValueError(f"{name} means nothing to attention='linear' (its feature map has "
+                             f"no softmax scale); leave the score scale at its default")
 
     @property
     def head_dim(self) -> int:

@@ -12,6 +12,8 @@ Each later generation adds, each a TransformerConfig field:
              attention scores c * tanh(s / c), c = 50                 ``attention_softcap``
              (the reference kernel: SDPA cannot transform scores)     (``attention="reference"``)
              logits c * tanh(x / c), c = 30                           ``logit_softcap``
+             scores times query_pre_attn_scalar^-1/2, which is not    ``attention_scale``
+             Dh^-1/2 in the 27B (144 = D / H, Dh = 128)
     Gemma 3: RMSNorm on each head's q and k, no soft-capping          ``qk_norm``
              5 of every 6 layers slide (512 keys)
              sliding layers use RoPE base 10,000, the others 1e6      ``rope_local_theta``,
@@ -19,15 +21,17 @@ Each later generation adds, each a TransformerConfig field:
 
 Gemma's RMSNorm stores w and scales by 1 + w; aiayn's ``nn.RMSNorm`` stores the gain, so every norm
 weight is read as 1 + w (float32, as Gemma computes it) and written back as gain - 1 (the
-``plus_one`` layout). Attention scores are scaled by ``query_pre_attn_scalar``^-1/2, which must
-equal the head width (it does in the released models but Gemma 2 27B); the multimodal
-``Gemma3ForConditionalGeneration`` is refused.
+``plus_one`` layout). Attention scores are scaled by ``query_pre_attn_scalar``^-1/2 (Gemma 2 and
+3): ``attention_scale`` holds it when it is not the head width, and export writes it back (the head
+width when ``attention_scale`` is None); the multimodal ``Gemma3ForConditionalGeneration`` is
+refused.
 
 Legend: D model width, Dh head width.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,7 +113,8 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
                    overrides: dict[str, Any]) -> TransformerConfig:
     """The aiayn config of a Gemma, Gemma 2 or Gemma 3 text config.json (``overrides`` win)."""
     source = checkpoint.directory
-    generation = GENERATIONS[hf.get("model_type", "gemma3_text")]
+    model_type = hf.get("model_type", "gemma3_text")
+    generation = GENERATIONS[model_type]
     if hf.get("use_bidirectional_attention"):
         raise ValueError(f"{source / CONFIG_FILE}: use_bidirectional_attention=true is not "
                          f"supported (a causal decoder)")
@@ -118,10 +123,11 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
     d_model = require(hf, "hidden_size", source)
     heads = require(hf, "num_attention_heads", source)
     head_dim = hf.get("head_dim") or d_model // heads
-    if hf.get("query_pre_attn_scalar", head_dim) != head_dim:
-        raise ValueError(f"{source / CONFIG_FILE}: query_pre_attn_scalar="
-                         f"{hf['query_pre_attn_scalar']!r} is not supported (aiayn scales the "
-                         f"scores by the head width, head_dim={head_dim})")
+    # Gemma 2 and 3 scale the scores by query_pre_attn_scalar^-1/2, Gemma by Dh^-1/2
+    scalar = head_dim if model_type == "gemma" else hf.get("query_pre_attn_scalar", head_dim)
+    if not isinstance(scalar, (int, float)) or isinstance(scalar, bool) or not scalar > 0:
+        raise ValueError(f"{source / CONFIG_FILE}: query_pre_attn_scalar must be a positive "
+                         f"number, got {scalar!r}")
     layers = require(hf, "num_hidden_layers", source)
     vocab_size = require(hf, "vocab_size", source)
     if generation.qk_norm:  # Gemma 3: a RoPE base for each kind of layer
@@ -147,6 +153,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         d_ff=require(hf, "intermediate_size", source), n_encoder_layers=0, n_decoder_layers=layers,
         max_length=hf.get("max_position_embeddings", 32768), dropout=0.0,
         attention_dropout=hf.get("attention_dropout") or 0.0,
+        attention_scale=None if scalar == head_dim else scalar ** -0.5,
         activation=_activation(hf, source), gated_ffn=True, norm="rms", norm_first=True,
         final_norm=True, sandwich_norm=generation.sandwich_norm, qk_norm=generation.qk_norm,
         layer_norm_eps=hf.get("rms_norm_eps", 1e-6), positions="rotary",
@@ -190,6 +197,15 @@ def plan(checkpoint: Checkpoint, architecture: str, task: str | None,
 
 
 # --- export --------------------------------------------------------------------------------------
+def _query_pre_attn_scalar(config: TransformerConfig) -> int | float:
+    """Gemma 2 and 3 scale scores by query_pre_attn_scalar^-1/2: ``attention_scale``^-2 (an int
+    when it is one up to rounding), or the head width when ``attention_scale`` is None."""
+    if config.attention_scale is None:
+        return config.head_dim
+    scalar = config.attention_scale ** -2
+    return round(scalar) if math.isclose(scalar, round(scalar), rel_tol=1e-9) else scalar
+
+
 def generation_of(config: TransformerConfig) -> str | None:
     """The Gemma generation (``GENERATIONS`` key) an aiayn config has the layout of, or None: QK-norm
     is Gemma 3's, sandwich norms without it Gemma 2's, embeddings times sqrt(D) in a rotary RMSNorm
@@ -221,8 +237,9 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
                     scale_attention=True, scale_output=False)
     if model_type == "gemma3_text":
         required.update(attention_softcap=None, logit_softcap=None)
-    if model_type == "gemma":
-        required.update(attention_softcap=None, logit_softcap=None, sliding_window=None)
+    if model_type == "gemma":  # Gemma's scores are always scaled by Dh^-1/2
+        required.update(attention_softcap=None, logit_softcap=None, sliding_window=None,
+                        attention_scale=None)
     require_fields(config, required, generation.name, subject="it")
     n = config.n_decoder_layers
     sliding = set(range(n) if config.sliding_window_layers is None
@@ -243,7 +260,7 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
         hf.update(rope_parameters=rope, rope_theta=float(config.rope_theta),
                   rope_scaling=config.rope_scaling)
     else:
-        hf.update(query_pre_attn_scalar=config.head_dim,
+        hf.update(query_pre_attn_scalar=_query_pre_attn_scalar(config),
                   sliding_window=config.sliding_window or config.max_length,
                   layer_types=[SLIDING if i in sliding else FULL for i in range(n)],
                   final_logit_softcapping=config.logit_softcap,

@@ -12,7 +12,8 @@ materialising it, so kernels that never build a (T, S) matrix can honour it. ``p
 float tensor broadcastable to (B, H, T, S) added to the scores (T5's relative positions); kernels
 that cannot add it refuse it. A query row with nothing to attend to returns zeros.
 
-A kernel's ``scale`` multiplies the scores: None is the paper's 1 / sqrt(Dh); T5 uses 1.0.
+A kernel's ``scale`` multiplies the scores: None is the paper's 1 / sqrt(Dh); T5 uses 1.0,
+Gemma 2 27B query_pre_attn_scalar^-1/2 (``TransformerConfig.attention_scale``).
 
 Kernels also own their decoding state: ``new_cache`` makes it, ``decode`` consumes new keys and values.
 The default is the static KV cache; a kernel with a recurrent state (linear attention) overrides both.
@@ -184,7 +185,10 @@ class KernelSpec:
 
 
 def _scale(config: "TransformerConfig") -> float | None:
-    """The kernels' score scale: None (1 / sqrt(Dh), the paper) or 1.0 (T5's unscaled scores)."""
+    """The kernels' score scale: ``attention_scale`` when set (Gemma 2 27B), else None
+    (1 / sqrt(Dh), the paper) or 1.0 (T5's unscaled scores)."""
+    if config.attention_scale is not None:
+        return float(config.attention_scale)
     return None if config.scale_attention else 1.0
 
 
