@@ -350,3 +350,20 @@ def gemma3(directory: Path, *, seed: int = 0) -> Path:
     randomise(model, std=0.3, skip=("rotary_emb", "embed_scale"))
     model.save_pretrained(directory)
     return directory
+
+
+def phi3(directory: Path, *, seed: int = 0) -> Path:
+    """A Phi3ForCausalLM (fused qkv_proj and gate_up_proj; 4 heads, 2 key/value heads, every layer
+    sliding with a window of 8) with the tokenizer of ``llama`` (<s> added, as Phi-3's adds it)."""
+    import transformers
+
+    vocab = _llama_tokenizer_only(directory)
+    config = transformers.Phi3Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        sliding_window=8, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = transformers.Phi3ForCausalLM(config).eval()
+    randomise(model, std=0.3, skip=("rotary_emb",))
+    model.save_pretrained(directory)
+    return directory

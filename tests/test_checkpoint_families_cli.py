@@ -31,7 +31,7 @@ def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
     return {"t5": builders.t5(root / "t5"), "llama": builders.llama(root / "llama"),
             "qwen3": builders.qwen3(root / "qwen3"), "gemma3": builders.gemma3(root / "gemma3"),
-            "gemma2": builders.gemma2(root / "gemma2")}
+            "gemma2": builders.gemma2(root / "gemma2"), "phi3": builders.phi3(root / "phi3")}
 
 
 def run_cli(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -105,13 +105,13 @@ def hf_continuation(directory, prompt, *, new_tokens):
     return tokenizer.decode(generated[0], skip_special_tokens=True)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gemma2", "phi3"])
 def test_generate_on_llama_prints_what_transformers_generate_and_decode_print(checkpoints, family):
     """Covers the two ways a SentencePiece-style decoder differs from decoding the continuation
     alone: the space before a first "▁word" token (prompt "O") and byte-fallback runs that
     become U+FFFD only once complete (streamed output). Gemma 3 with the same tokenizer: sandwich
     norms, QK-norm, a sliding window, read from its files; Gemma 2: soft-capped scores and
-    logits."""
+    logits; Phi-3: fused projections split on load, a window on every layer."""
     directory = checkpoints[family]
     spaced = bytes_ = 0
     for prompt in PROMPTS:

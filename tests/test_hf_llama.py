@@ -193,3 +193,20 @@ def test_export_refuses_a_rotary_model_llama_cannot_express(tmp_path):
     gpt = aiayn.CausalLM(aiayn.TransformerConfig.preset("char-gpt", norm="rms", bias=True))
     with pytest.raises(ValueError, match="cannot export as gpt2: it needs norm='layer'"):
         aiayn.save_pretrained(gpt, tmp_path)
+
+
+@pytest.mark.parametrize("preset, changes, needs", [
+    ("llama-char", dict(attention_scale=0.5), "Llama needs attention_scale=None"),
+    ("char-gpt", dict(attention_scale=0.5, bias=True, layer_norm_bias=True),
+     "gpt2: it needs attention_scale=None"),
+    ("char-gpt", dict(bias=True), "gpt2: it needs layer_norm_bias=True"),
+    ("encoder-small", dict(layer_norm_bias=False), "it needs layer_norm_bias=True")])
+def test_export_refuses_a_score_scale_or_norm_without_bias_the_class_lacks(tmp_path, preset,
+                                                                             changes, needs):
+    """An explicit score scale or bias-free LayerNorms are refused, not silently dropped (the
+    written checkpoint would give other logits) or failed on a missing weight."""
+    config = aiayn.TransformerConfig.preset(preset, **changes)
+    model = (aiayn.TransformerEncoder if config.n_decoder_layers == 0 else aiayn.CausalLM)(config)
+    with pytest.raises(ValueError, match=needs):
+        aiayn.save_pretrained(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -15,6 +15,10 @@ Families (one module each, each with an explicit parameter-name map):
     mistral, qwen2, qwen3    MistralForCausalLM / Qwen2ForCausalLM /        CausalLM (as Llama, with
                              Qwen3ForCausalLM (and ...Model)                sliding_window /
                                                                             qkv_bias / qk_norm)
+    phi3                     Phi3ForCausalLM / Phi3Model                    CausalLM (as Llama;
+                                                                            fused qkv and gate_up
+                                                                            weights; written when
+                                                                            asked for)
     gemma3_text              Gemma3ForCausalLM / Gemma3TextModel            CausalLM (sandwich norms,
                                                                             local RoPE, windows)
     gemma2, gemma            Gemma2ForCausalLM / GemmaForCausalLM           CausalLM (Gemma 2: sandwich
@@ -40,19 +44,21 @@ from torch import nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop import (hf_bert, hf_distilbert, hf_gemma, hf_gpt2, hf_llama, hf_marian,
-                           hf_roberta, hf_t5, hf_vit)
+                           hf_phi3, hf_roberta, hf_t5, hf_vit)
 from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, export_state, load_state, read_checkpoint,
                                      read_config, write_checkpoint)
 
 # Saving takes the first family that ``matches`` the model: the specific before the general
-# (hf_distilbert loads only: it matches no model).
-FAMILIES = (hf_roberta, hf_bert, hf_distilbert, hf_gemma, hf_llama, hf_gpt2, hf_t5, hf_marian,
-            hf_vit)
+# (hf_distilbert loads only: it matches no model; hf_phi3 matches what hf_llama matches, so it
+# writes only when ``save_pretrained`` is asked for its model_type).
+FAMILIES = (hf_roberta, hf_bert, hf_distilbert, hf_gemma, hf_llama, hf_phi3, hf_gpt2, hf_t5,
+            hf_marian, hf_vit)
 # Families whose HF classes have only the paper's blocks (no RMSNorm, gated FFN, grouped-query
 # attention, head width of its own, relative bias or extra scales): ``PAPER_BLOCKS`` must hold.
 PAPER_FAMILIES = (hf_roberta, hf_bert, hf_gpt2, hf_marian, hf_vit)
-PAPER_BLOCKS = dict(norm="layer", gated_ffn=False, d_head=None, n_kv_heads=None,
-                    relative_attention_buckets=0, scale_attention=True, scale_output=False)
+PAPER_BLOCKS = dict(norm="layer", layer_norm_bias=True, gated_ffn=False, d_head=None,
+                    n_kv_heads=None, relative_attention_buckets=0, scale_attention=True,
+                    attention_scale=None, scale_output=False)
 TASKS = ("encoder", "masked_lm", "classification", "causal_lm", "seq2seq")
 
 
@@ -154,7 +160,7 @@ def from_transformers(hf_model: nn.Module, *, task: str | None = None,
     return model.to(next(hf_model.parameters()).dtype).eval()
 
 
-def save_pretrained(model: nn.Module, path: str | Path) -> Path:
+def save_pretrained(model: nn.Module, path: str | Path, *, model_type: str | None = None) -> Path:
     """Write an aiayn model as an HF checkpoint directory (config.json + model.safetensors).
 
     ``TransformerEncoder``/``MaskedLM``/``SequenceClassifier`` are written as BERT, ``CausalLM`` as
@@ -166,25 +172,50 @@ def save_pretrained(model: nn.Module, path: str | Path) -> Path:
     ``transformers.AutoModel*.from_pretrained(path)`` then reproduces the model's outputs.
     Files are written atomically (temporary file, fsync, rename).
 
+    Args:
+        model_type: the config.json ``model_type`` to write, for a model that more than one family
+            expresses: ``"phi3"`` writes a rotary ``CausalLM`` as ``Phi3ForCausalLM`` (fused
+            projections), which is otherwise written as Llama or Mistral. None: chosen from the
+            model's config, as above.
+
     Raises:
         ValueError: the model's config has a feature the HF family cannot express (the message
-            names the field), or the model is not an aiayn model of these families.
+            names the field), the model is not an aiayn model of these families, or it cannot be
+            written as ``model_type``.
     """
-    for family in FAMILIES:
-        if family.matches(model):
-            if family in PAPER_FAMILIES:
-                _require_paper_blocks(model.config, family.MODEL_TYPES[0])
-            hf_config, name_map = family.export(model)
-            break
-    else:
-        raise ValueError(f"save_pretrained exports aiayn TransformerEncoder, MaskedLM, "
-                         f"SequenceClassifier, CausalLM, Transformer, VisionTransformer and "
-                         f"ImageClassifier, not {type(model).__name__}")
+    family = _export_family(model, model_type)
+    if family in PAPER_FAMILIES:
+        _require_paper_blocks(model.config, family.MODEL_TYPES[0])
+    hf_config, name_map = family.export(model)
+    if model_type is not None and hf_config["model_type"] != model_type:
+        raise ValueError(f"cannot export as {model_type}: the model's config is written as "
+                         f"{hf_config['model_type']}")
     tensors = export_state(model, name_map)
     tensors.update(getattr(family, "extra_tensors", lambda m: {})(model))
     directory = Path(path)
     write_checkpoint(directory, hf_config, tensors)
     return directory
+
+
+def _export_family(model: nn.Module, model_type: str | None):
+    """The family that writes ``model``: the first that ``matches`` it, or the one that loads
+    ``model_type``."""
+    if model_type is None:
+        family = next((family for family in FAMILIES if family.matches(model)), None)
+        if family is None:
+            raise ValueError(f"save_pretrained exports aiayn TransformerEncoder, MaskedLM, "
+                             f"SequenceClassifier, CausalLM, Transformer, VisionTransformer and "
+                             f"ImageClassifier, not {type(model).__name__}")
+        return family
+    family = next((family for family in FAMILIES if model_type in family.MODEL_TYPES), None)
+    if family is None:
+        supported = sorted(t for family in FAMILIES for t in family.MODEL_TYPES)
+        raise ValueError(f"model_type={model_type!r} is not one aiayn writes; it writes "
+                         f"{', '.join(supported)}")
+    if not family.matches(model):
+        raise ValueError(f"cannot export as {model_type}: a {type(model).__name__} with this "
+                         f"config is not a model of that family")
+    return family
 
 
 def _require_paper_blocks(config: TransformerConfig, family: str) -> None:

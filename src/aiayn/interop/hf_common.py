@@ -48,6 +48,9 @@ class Rule:
             the gain 1 + w, computed in float32 as Gemma computes it).
         sizes: rows of each source along dim 0 when they differ (grouped-query attention's q | k | v
             in a fused ``qkv_proj``); None: equal parts.
+        rows: the target is rows [start, stop) of its one source, a fused HF tensor that fills
+            several aiayn parameters (Phi-3's ``gate_up_proj`` -> ``gate_proj`` and ``up_proj``);
+            the rules that share a source must cover its rows exactly. None: the whole source.
     """
 
     target: str
@@ -55,10 +58,15 @@ class Rule:
     layers: int = 0
     layout: str = "same"
     sizes: tuple[int, ...] | None = None
+    rows: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.rows is not None and (len(self.sources) != 1 or not 0 <= self.rows[0]
+                                      < self.rows[1]):
+            raise ValueError(f"rule for {self.target!r}: rows=(start, stop) takes one source and "
+                             f"0 <= start < stop, got {self.rows!r} of {len(self.sources)}")
         placeholders = [name.count("{}") for name in (self.target, *self.sources)]
         if any(count != (1 if self.layers else 0) for count in placeholders):
             raise ValueError(f"rule for {self.target!r}: '{{}}' must appear once in every name "
@@ -68,7 +76,8 @@ class Rule:
         if not self.layers:
             return [self]
         return [Rule(self.target.format(i), tuple(s.format(i) for s in self.sources),
-                     layout=self.layout, sizes=self.sizes) for i in range(self.layers)]
+                     layout=self.layout, sizes=self.sizes, rows=self.rows)
+                for i in range(self.layers)]
 
 
 @dataclass
@@ -275,6 +284,7 @@ def load_state(model: nn.Module, checkpoint: Checkpoint, name_map: NameMap) -> N
     tensors, used = _resolve_ties(checkpoint, name_map.ties)
     parameters = dict(model.named_parameters(remove_duplicate=False))
     filled: dict[int, str] = {}  # id(parameter) -> target name that filled it
+    split: dict[str, list[tuple[int, int, str]]] = {}  # fused key -> (start, stop, target)
     ignore = [re.compile(pattern) for pattern in name_map.ignore]
     with torch.no_grad():
         for rule in name_map.expanded():
@@ -287,7 +297,11 @@ def load_state(model: nn.Module, checkpoint: Checkpoint, name_map: NameMap) -> N
                     raise ValueError(f"{checkpoint.directory}: missing key {key!r} (needed for aiayn "
                                      f"parameter {rule.target!r}); the checkpoint holds "
                                      f"{len(checkpoint.tensors)} tensors")
-                parts.append(_from_layout(tensors[key], rule.layout))
+                part = _from_layout(tensors[key], rule.layout)
+                if rule.rows is not None:  # one block of a fused tensor
+                    split.setdefault(key, []).append((*rule.rows, rule.target))
+                    part = part[rule.rows[0]:rule.rows[1]]
+                parts.append(part)
                 used.add(key)
             try:
                 value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -304,6 +318,8 @@ def load_state(model: nn.Module, checkpoint: Checkpoint, name_map: NameMap) -> N
                                  f"the tensor already loaded into {filled[id(parameter)]!r} (tied)")
             parameter.copy_(value)
             filled.setdefault(id(parameter), rule.target)
+    for key, blocks in split.items():
+        _check_rows(checkpoint, key, tensors[key].shape[0], blocks)
     for key, expected in name_map.constants.items():
         if key in tensors:
             used.add(key)
@@ -328,12 +344,28 @@ def load_state(model: nn.Module, checkpoint: Checkpoint, name_map: NameMap) -> N
                          f"{unfilled}")
 
 
+def _check_rows(checkpoint: Checkpoint, key: str, rows: int,
+                blocks: list[tuple[int, int, str]]) -> None:
+    """The blocks that rules take from a fused tensor of ``rows`` rows tile it, without gaps."""
+    blocks = sorted(blocks)
+    stops = [0] + [stop for _, stop, _ in blocks]
+    if any(start != stop for (start, _, _), stop in zip(blocks, stops)) or stops[-1] != rows:
+        taken = ", ".join(f"{target!r} rows {start}:{stop}" for start, stop, target in blocks)
+        raise ValueError(f"{checkpoint.file_of(key)}: {key!r} has {rows} rows, but aiayn takes "
+                         f"{taken} (does config.json match the weights?)")
+
+
 def export_state(model: nn.Module, name_map: NameMap) -> dict[str, Tensor]:
     """The HF state dict of ``model`` (inverse of ``load_state``); each tie group under its first key."""
     parameters = dict(model.named_parameters(remove_duplicate=False))
     state: dict[str, Tensor] = {}
+    fused: dict[str, list[tuple[tuple[int, int], Tensor]]] = {}  # key -> its blocks (``rows``)
     for rule in name_map.expanded():
         value = parameters[rule.target].detach()
+        if rule.rows is not None:
+            fused.setdefault(rule.sources[0], []).append((rule.rows,
+                                                          _to_layout(value, rule.layout)))
+            continue
         if rule.sizes is not None:
             parts = value.split(rule.sizes, dim=0)
         else:
@@ -343,6 +375,14 @@ def export_state(model: nn.Module, name_map: NameMap) -> dict[str, Tensor]:
             if key in state and not torch.equal(state[key], tensor):
                 raise ValueError(f"name map error: two different tensors for HF key {key!r}")
             state[key] = tensor
+    for key, blocks in fused.items():
+        blocks.sort(key=lambda block: block[0])
+        stops = [0] + [stop for (_, stop), _ in blocks]
+        if any(start != stop or len(part) != end - start
+               for ((start, end), part), stop in zip(blocks, stops)):
+            raise ValueError(f"name map error: the blocks of HF key {key!r} do not tile it "
+                             f"({[rows for rows, _ in blocks]})")
+        state[key] = torch.cat([part for _, part in blocks], dim=0).contiguous().clone()
     return state
 
 

@@ -238,6 +238,12 @@ def _bias_family(config: TransformerConfig) -> str:
     return "llama"
 
 
+# What every class ``export`` writes needs of an aiayn config
+EXPORT_REQUIRED = dict(norm_first=True, final_norm=True, norm="rms", positions="rotary",
+                       gated_ffn=True, scale_embeddings=False, embedding_norm=False,
+                       type_vocab_size=0, output_bias=False, relative_attention_buckets=0,
+                       scale_attention=True, attention_scale=None, scale_output=False,
+                       rope_local_theta=None)
 CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -246,11 +252,7 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
     """The HF config.json and name map that write an aiayn rotary ``CausalLM`` as
     ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``Qwen3ForCausalLM`` (``_export_family``)."""
     config: TransformerConfig = model.config
-    required = dict(norm_first=True, final_norm=True, norm="rms", positions="rotary",
-                    gated_ffn=True, scale_embeddings=False, embedding_norm=False,
-                    type_vocab_size=0, output_bias=False, relative_attention_buckets=0,
-                    scale_attention=True, scale_output=False, rope_local_theta=None)
-    require_fields(config, required, "Llama")
+    require_fields(config, EXPORT_REQUIRED, "Llama")
     family = _export_family(config)
     activation = "silu" if config.activation == "silu" else AIAYN_ACTIVATIONS[config.activation]
     hf = dict(model_type=family, architectures=[CLASSES[family]], vocab_size=config.vocab_size,
