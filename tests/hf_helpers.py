@@ -140,3 +140,20 @@ def greedy_tokens_and_hf_generate(hf, model, vocab: int, *, new_tokens: int = 50
         out = hf.generate(ids, attention_mask=mask.long(), do_sample=False, num_beams=1,
                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
     return got, out[:, ids.shape[1]:].tolist()
+
+
+def assert_round_trip(hf, ours, again, ids: torch.Tensor, *, path) -> None:
+    """``again`` (transformers, loaded from ``ours`` written to ``path``) is ``hf``: the same
+    logits on ``ids`` and every tensor bit for bit; ``ours`` gives the logits too, and reads
+    ``path`` back to its own config."""
+    import aiayn
+
+    with torch.no_grad():
+        want = hf(ids).logits
+        torch.testing.assert_close(again(ids).logits, want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(ours(ids), want, rtol=0, atol=1e-4)
+    assert aiayn.from_pretrained(path).config == ours.config
+    hf_state, again_state = hf.state_dict(), again.state_dict()
+    assert hf_state.keys() == again_state.keys()
+    for name in hf_state:
+        torch.testing.assert_close(again_state[name], hf_state[name], rtol=0, atol=0, msg=name)

@@ -15,8 +15,8 @@ import torch
 import aiayn
 from aiayn.decoding.generation import generate
 from aiayn.interop.hf import from_transformers
-from hf_helpers import (greedy_tokens_and_hf_generate, left_padded, needs_transformers_5,
-                        padded_logits, randomise)
+from hf_helpers import (assert_round_trip, greedy_tokens_and_hf_generate, left_padded,
+                        needs_transformers_5, padded_logits, randomise)
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -75,16 +75,7 @@ def test_save_pretrained_round_trips_through_transformers(tmp_path, family):
     # Mistral without a window is Llama: it is written as Llama
     want_class = "LlamaForCausalLM" if family == "mistral" else FAMILIES[family][1]
     assert type(again).__name__ == want_class
-    ids = torch.randint(3, VOCAB, (2, 9))
-    with torch.no_grad():
-        want = hf(ids).logits
-        torch.testing.assert_close(again(ids).logits, want, rtol=0, atol=1e-5)
-        torch.testing.assert_close(ours(ids), want, rtol=0, atol=1e-4)
-    assert aiayn.from_pretrained(tmp_path / "ours").config == ours.config
-    hf_state, again_state = hf.state_dict(), again.state_dict()
-    assert hf_state.keys() == again_state.keys()
-    for name in hf_state:
-        torch.testing.assert_close(again_state[name], hf_state[name], rtol=0, atol=0, msg=name)
+    assert_round_trip(hf, ours, again, torch.randint(3, VOCAB, (2, 9)), path=tmp_path / "ours")
 
 
 @pytest.mark.parametrize("family", ALL)
