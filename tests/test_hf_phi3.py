@@ -5,8 +5,11 @@ tied and untied heads, a sliding window shorter than the sequence; 50 greedy tok
 ``generate``; ``save_pretrained(model_type="phi3")`` writes a checkpoint that ``Phi3ForCausalLM``
 loads with equal weights and logits. Also on transformers without Phi-3 (the project's floor): a
 Phi-3 layout fused by hand from a ``LlamaForCausalLM`` loads to Llama's logits, and aiayn writes
-the same fused tensors back; LongRoPE and partial rotary positions are refused, naming the
-setting; a fused tensor with rows the config does not account for is refused."""
+the same fused tensors back; a fused tensor with rows the config does not account for is refused.
+Partial rotary positions (Phi-4-mini's ``partial_rotary_factor`` 0.75) and LongRoPE
+(Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini) over an original context of 16: logits within 1e-4
+inside and past it, 50 greedy tokens across it equal ``generate``, round trips; both config
+layouts read; bad values refused naming them."""
 
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ import aiayn
 from aiayn.interop import hf_phi3
 from aiayn.interop.hf import from_transformers
 from aiayn.interop.hf_common import Checkpoint
-from hf_helpers import (assert_round_trip, greedy_tokens_and_hf_generate, padded_logits,
-                        randomise)
+from hf_helpers import (assert_round_trip, greedy_tokens_and_hf_generate, needs_transformers_5,
+                        padded_logits, randomise)
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -166,29 +169,140 @@ def config_of(tmp_path, **fields):
     return hf_phi3.config_from_hf(config, Checkpoint(tmp_path, config, {}, {}), {})
 
 
-LONG_FACTORS = dict(short_factor=[1.0] * 4, long_factor=[4.0] * 4)
+def factors(count: int, seed: int, high: float) -> list[float]:
+    """``count`` random LongRoPE factors in [1, high)."""
+    generator = torch.Generator().manual_seed(seed)
+    return (1 + (high - 1) * torch.rand(count, generator=generator)).tolist()
 
 
-@pytest.mark.parametrize("fields", [
-    dict(rope_scaling={"type": "longrope", **LONG_FACTORS}),  # Phi-3-mini-128k, Phi-3.5
-    dict(rope_scaling={"type": "su", **LONG_FACTORS}),  # early Phi-3-128k configs
-    dict(rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, **LONG_FACTORS,
-                          "original_max_position_embeddings": 32}),  # transformers 5
-], ids=["longrope", "su", "rope_parameters"])
-def test_longrope_is_refused_naming_the_setting(tmp_path, fields):
-    with pytest.raises(ValueError, match=r"config\.json: rope_scaling type '(longrope|su)' "
-                                         r"\(LongRoPE.*\) is not supported: .*short_factor"):
-        config_of(tmp_path, **fields)
+# LongRoPE over an original context of 16 of 64 positions; 8 heads of 8: 4 frequencies
+LONGROPE = dict(rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                 "short_factor": factors(4, 1, 2.0),
+                                 "long_factor": factors(4, 2, 8.0)},
+                original_max_position_embeddings=16, max_position_embeddings=64)
+# Phi-4-mini's layout: 0.75 of each head turns (6 of 8 dims: 3 frequencies), with LongRoPE
+PHI4_MINI = dict(partial_rotary_factor=0.75, max_position_embeddings=64,
+                 original_max_position_embeddings=16,
+                 rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                  "partial_rotary_factor": 0.75,
+                                  "short_factor": factors(3, 3, 2.0),
+                                  "long_factor": factors(3, 4, 8.0)})
+# factor and attention_factor given rather than derived (64 / 16 and sqrt(1 + ln 4 / ln 16))
+FACTORS = dict(LONGROPE, rope_parameters={**LONGROPE["rope_parameters"], "factor": 8.0,
+                                          "attention_factor": 1.25})
+ROPES = {"partial-0.75": dict(partial_rotary_factor=0.75), "longrope": LONGROPE,
+         "partial-longrope": PHI4_MINI, "longrope-given-factors": FACTORS}
+needs_rope_parameters = needs_transformers_5("Phi3Config reads LongRoPE from rope_parameters")
 
 
-@pytest.mark.parametrize("fields", [
-    dict(partial_rotary_factor=0.75),  # Phi-4-mini's config.json
-    dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                          "partial_rotary_factor": 0.5}),  # transformers 5
-], ids=["top-level", "rope_parameters"])
-def test_partial_rotary_positions_are_refused_naming_the_setting(tmp_path, fields):
-    with pytest.raises(ValueError, match=r"config\.json: partial_rotary_factor=0\.(75|5) is not "
-                                         r"supported: aiayn rotates every dimension of each head"):
+@needs_phi3
+@needs_rope_parameters
+@pytest.mark.parametrize("rope", ROPES.values(), ids=ROPES.keys())
+def test_partial_rotary_and_longrope_logits_match_hf_within_and_past_the_original_context(rope):
+    """Rows of up to 11 positions stay inside LongRoPE's original 16 (short factors), rows of up
+    to 40 go past it (long factors for the whole call, as transformers picks them)."""
+    hf = hf_model(std=0.3, **rope)
+    ours = from_transformers(hf)
+    fraction = rope.get("partial_rotary_factor", 1.0)
+    assert (ours.config.rotary_fraction, ours.config.rotary_dim) == (fraction, int(8 * fraction))
+    for lengths in ([11, 7, 4], [40, 31, 23]):
+        for got, want, mask in padded_logits(hf, ours, VOCAB, lengths):  # right, then left
+            assert want[mask].std() > 0.1
+            assert (got - want)[mask].abs().max() < 1e-4
+    plain = from_transformers(hf, rotary_fraction=1.0, rope_scaling=None)
+    for got, want, mask in padded_logits(hf, plain, VOCAB, [40, 31, 23]):
+        assert (got - want)[mask].abs().max() > 1e-2  # the partial / scaled rotation matters
+
+
+@needs_phi3
+@needs_rope_parameters
+@pytest.mark.parametrize("rope", ROPES.values(), ids=ROPES.keys())
+def test_fifty_greedy_tokens_across_the_original_context_equal_hf_generate(rope):
+    """Prompts of 9, 3 and 6 tokens (left-padded to 9) and 50 new: the batch passes LongRoPE's
+    original 16 positions, where transformers' Phi-3 generate drops its cache and runs the whole
+    sequence again with the long factors; aiayn's generate does the same."""
+    hf = hf_model(std=0.3, **rope)
+    got, want = greedy_tokens_and_hf_generate(hf, from_transformers(hf), VOCAB,
+                                              new_tokens=NEW_TOKENS)
+    assert got == want
+    assert len({tuple(row) for row in want}) == 3
+
+
+@needs_phi3
+@needs_rope_parameters
+@pytest.mark.parametrize("rope", ROPES.values(), ids=ROPES.keys())
+def test_partial_rotary_and_longrope_round_trip_through_transformers(tmp_path, rope):
+    """Unasked, ``save_pretrained`` writes them as Phi-3, the one class aiayn writes that has
+    them; Llama refuses them."""
+    hf = hf_model(**rope)
+    hf.save_pretrained(tmp_path / "hf")
+    ours = aiayn.from_pretrained(tmp_path / "hf")
+    aiayn.save_pretrained(ours, tmp_path / "ours")
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    assert type(again).__name__ == "Phi3ForCausalLM"
+    written = dict(again.config.rope_parameters)
+    assert written.pop("type", "longrope") == "longrope"  # transformers 4's key, kept by 5
+    assert written == hf.config.rope_parameters
+    ids = torch.randint(3, VOCAB, (2, 30))  # past the original 16
+    assert_round_trip(hf, ours, again, ids, path=tmp_path / "ours")
+    with pytest.raises(ValueError, match=r"cannot export as llama: a CausalLM with this config "
+                                         r"is not a model of that family"):
+        aiayn.save_pretrained(ours, tmp_path / "llama", model_type="llama")
+
+
+SHORT, LONG = [1.0, 1.5, 2.0, 3.0], [2.0, 4.0, 8.0, 16.0]
+
+
+@pytest.mark.parametrize("kind", ["longrope", "su", "yarn"])
+def test_transformers_4_longrope_layout_is_read(tmp_path, kind):
+    """Phi-3-mini-128k / Phi-3.5-mini's config.json: ``rope_scaling`` with type, short_factor and
+    long_factor (type "su" or "yarn" in early ones), the original context at the top level."""
+    config = config_of(tmp_path, rope_scaling={"type": kind, "short_factor": SHORT,
+                                               "long_factor": LONG},
+                       max_position_embeddings=131072, original_max_position_embeddings=4096,
+                       rope_theta=500.0)
+    assert (config.rope_theta, config.rotary_fraction, config.max_length) == (500.0, 1.0, 131072)
+    assert config.rope_scaling == {"rope_type": "longrope", "short_factor": SHORT,
+                                   "long_factor": LONG, "factor": 32.0,
+                                   "original_max_position_embeddings": 4096}
+
+
+def test_transformers_5_layout_is_read_with_phi3s_precedence(tmp_path):
+    """rope_parameters with partial_rotary_factor (over the top level's), the original context from
+    the top level over the parameters' own (4096, Phi3Config's default, when absent), factor and
+    attention_factor when given."""
+    rope = {"rope_type": "longrope", "rope_theta": 250000.0, "partial_rotary_factor": 0.5,
+            "short_factor": SHORT[:2], "long_factor": LONG[:2], "factor": 8.0,
+            "attention_factor": 1.25, "original_max_position_embeddings": 16}
+    config = config_of(tmp_path, rope_parameters=rope, partial_rotary_factor=0.75,
+                       original_max_position_embeddings=32)
+    assert (config.rope_theta, config.rotary_fraction, config.rotary_dim) == (250000.0, 0.5, 4)
+    assert config.rope_scaling == {"rope_type": "longrope", "short_factor": SHORT[:2],
+                                   "long_factor": LONG[:2], "factor": 8.0,
+                                   "attention_factor": 1.25,
+                                   "original_max_position_embeddings": 32}
+    config = config_of(tmp_path, rope_parameters={**rope, "partial_rotary_factor": 1.0,
+                                                  "short_factor": SHORT, "long_factor": LONG})
+    assert config.rope_scaling["original_max_position_embeddings"] == 4096
+    assert config_of(tmp_path, partial_rotary_factor=0.75).rotary_fraction == 0.75  # Phi-4-mini
+    assert config_of(tmp_path, partial_rotary_factor=0.3).rotary_dim == 2  # int(2.4), as in HF
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(partial_rotary_factor=0.0), r"partial_rotary_factor=0\.0 must be a number in \(0, 1\]"),
+    (dict(rope_parameters={"rope_type": "default", "partial_rotary_factor": 1.5}),
+     r"partial_rotary_factor=1\.5 must be a number in \(0, 1\]"),
+    (dict(partial_rotary_factor=0.375), r"rotates 3 dimensions; .* need an even number"),
+    (dict(rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG[:3]}),
+     r"config\.json: rope_scaling long_factor needs one entry per rotary frequency: 4 for a "
+     r"rotated width of 8, got 3"),
+    (dict(rope_scaling={"type": "su", "short_factor": SHORT}), r"missing \['long_factor'\]"),
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}),
+     r"rope_scaling type 'linear' is not supported for Phi-3"),
+], ids=["fraction-0", "fraction-1.5", "odd-rotary-dim", "factor-length",
+        "no-long-factor", "linear"])
+def test_bad_rotary_settings_are_refused_naming_them(tmp_path, fields, message):
+    with pytest.raises(ValueError, match=message):
         config_of(tmp_path, **fields)
 
 
@@ -201,8 +315,6 @@ def test_what_the_config_holds_is_read(tmp_path):
     assert (config.layer_norm_eps, config.tie_output, config.rope_theta) == (1e-6, True, 250000.0)
     assert (config.bos_id, config.eos_id, config.pad_id, config.activation) == (1, 2, 0, "silu")
     assert config_of(tmp_path, sliding_window=None).sliding_window is None
-    with pytest.raises(ValueError, match=r"rope_scaling type 'linear' is not supported for Phi-3"):
-        config_of(tmp_path, rope_scaling={"type": "linear", "factor": 2.0})
     with pytest.raises(ValueError, match=r"resid_pdrop=1\.5 must be in \[0, 1\)"):
         config_of(tmp_path, resid_pdrop=1.5)
 

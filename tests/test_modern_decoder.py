@@ -279,6 +279,89 @@ def test_fused_kernel_without_sdpa_grouping_repeats_the_heads(monkeypatch):
     torch.testing.assert_close(FusedAttention()(q, k, v, causal=True), grouped)
 
 
+def test_partial_rotary_positions_turn_the_first_dims_and_pass_the_rest_by_hand():
+    """Phi-4-mini's layout: Dr = int(Dh * fraction) dims turn at the frequencies of a Dr-wide head
+    (pair i with i + Dr/2), the last Dh - Dr pass through untouched."""
+    rotary = RotaryEmbedding(6, theta=100.0, max_length=64)  # Dr = 6 of Dh = 8
+    x = torch.randn(2, 3, 5, 8)  # (B, H, T, Dh)
+    positions = torch.tensor([0, 3, 7, 20, 41])
+    got = apply_rotary(x, rotary(positions))
+    assert torch.equal(got[..., 6:], x[..., 6:])
+    theta = 100.0 ** (-torch.arange(3) * 2 / 6)  # (Dr/2,)
+    angle = positions[:, None].float() * theta  # (T, Dr/2)
+    first, second = x[..., :3], x[..., 3:6]
+    want = torch.cat((first * angle.cos() - second * angle.sin(),
+                      second * angle.cos() + first * angle.sin()), dim=-1)
+    torch.testing.assert_close(got[..., :6], want, rtol=1e-5, atol=1e-5)
+
+
+def test_partial_rotary_decodes_with_a_cache_as_the_full_forward_and_in_slot_steps():
+    from aiayn.fast.cuda_graphs import GraphedSteps
+
+    model = llama(rotary_fraction=0.75)
+    assert (model.config.rotary_dim, model.decoder.rotary.inverse_frequency.shape) == (6, (3,))
+    ids = torch.randint(3, 50, (2, 12))
+    with torch.no_grad():
+        full = model(ids)
+        steps = cached(model, ids, 5)
+        assert (llama()(ids) - full).abs().max() > 1e-2  # the unturned dims change the model
+    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
+    got = generate(model, PROMPTS, max_new_tokens=15, greedy=True,
+                   steps=GraphedSteps(use_graph=False))
+    assert got.tokens == generate(model, PROMPTS, max_new_tokens=15, greedy=True).tokens
+
+
+# Dr = 6 of Dh = 8 (rotary_fraction 0.75), the original context 16 of max_length 48
+LONGROPE = {"rope_type": "longrope", "factor": 3.0, "original_max_position_embeddings": 16,
+            "short_factor": [1.0, 1.5, 2.5], "long_factor": [1.25, 4.0, 9.0]}
+
+
+def test_longrope_divides_each_frequency_by_its_factor_chosen_by_the_furthest_position():
+    """LongRoPE by hand: theta_i / short_factor[i] while a call's positions stay below the
+    original 16, theta_i / long_factor[i] for every position of a call that reaches 16, cos and
+    sin times sqrt(1 + ln 3 / ln 16)."""
+    rotary = RotaryEmbedding(6, theta=100.0, max_length=48, scaling=LONGROPE)
+    theta = 100.0 ** (-torch.arange(3) * 2 / 6)
+    attention = (1 + torch.log(torch.tensor(3.0)) / torch.log(torch.tensor(16.0))).sqrt()
+
+    def expected(positions, factors):
+        angle = positions[..., None].float() * theta / torch.tensor(factors)
+        angle = torch.cat((angle, angle), dim=-1)
+        return angle.cos() * attention, angle.sin() * attention
+
+    for positions, factors in ((torch.arange(16), LONGROPE["short_factor"]),
+                               (torch.arange(17), LONGROPE["long_factor"]),
+                               (torch.tensor([3]), LONGROPE["short_factor"]),
+                               (torch.tensor([[3], [16]]), LONGROPE["long_factor"])):  # any row
+        for got, want in zip(rotary(positions), expected(positions, factors)):
+            torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+
+
+def test_longrope_generation_across_the_original_context_equals_full_forwards():
+    """Each call picks its factors (a cached step past 16 turns its new keys long, the cached ones
+    stay short); ``generate`` runs the sequence again when it first grows past 16 (transformers'
+    Phi-3 does the same), so its tokens are those of full forwards, in slot steps too."""
+    from aiayn.fast.cuda_graphs import GraphedSteps
+
+    model = llama(rotary_fraction=0.75, rope_scaling=LONGROPE)
+    ids = torch.randint(3, 50, (2, 30))
+    with torch.no_grad():
+        full = model(ids)
+        torch.testing.assert_close(cached(model, ids[:, :16], 5), model(ids[:, :16]),
+                                   rtol=1e-5, atol=1e-5)  # short throughout
+        torch.testing.assert_close(cached(model, ids, 20), full, rtol=1e-5, atol=1e-5)
+        assert (llama(rotary_fraction=0.75)(ids) - full).abs().max() > 1e-2
+        prompt, loop = ids[:1, :10], ids[:1, :10]
+        for _ in range(20):  # greedy by full forwards, no cache
+            loop = torch.cat([loop, model(loop)[:, -1:].argmax(-1)], dim=1)
+    got = generate(model, prompt, max_new_tokens=20, greedy=True).tokens
+    assert got[0] == loop[0, 10:].tolist()
+    batch = generate(model, PROMPTS, max_new_tokens=25, greedy=True).tokens
+    slots = generate(model, PROMPTS, max_new_tokens=25, greedy=True,
+                     steps=GraphedSteps(use_graph=False)).tokens
+    assert slots == batch
+
+
 @pytest.mark.parametrize("attention", ["fused", "reference", "chunked"])
 def test_cached_decoding_equals_the_full_forward(attention):
     model = llama(attention=attention)
@@ -351,6 +434,21 @@ def test_the_kv_cache_of_four_times_fewer_kv_heads_is_four_times_smaller():
     (dict(rope_scaling={"rope_type": "linear", "factor": "2"}), "factor must be a positive number"),
     (dict(rope_scaling={**LLAMA3, "high_freq_factor": 1.0}), "must exceed low_freq_factor"),
     (dict(rope_scaling=[2.0]), "rope_scaling must be a dict"),
+    (dict(rotary_fraction=0.0), r"rotary_fraction .* a number in \(0, 1\], got 0.0"),
+    (dict(rotary_fraction=1.5), r"rotary_fraction .* a number in \(0, 1\], got 1.5"),
+    (dict(rotary_fraction=0.375), r"rotary_fraction=0.375 of a head width of 8 rotates 3 "
+                                  r"dimensions; .* need an even number"),
+    (dict(rotary_fraction=0.1), r"rotates 0 dimensions"),
+    (dict(positions="learned", rotary_fraction=0.5), r"rotary_fraction=0.5 .* needs "
+                                                     r"positions='rotary'"),
+    (dict(rotary_fraction=0.75, rope_scaling={**LONGROPE, "long_factor": [1.0] * 4}),
+     r"long_factor needs one entry per rotary frequency: 3 for a rotated width of 6, got 4"),
+    (dict(rope_scaling={**LONGROPE, "short_factor": [1.0, 0.0, 1.0, 1.0]}),
+     r"short_factor must be a list of positive numbers"),
+    (dict(rope_scaling={**LONGROPE, "short_factor": 1.0}),
+     r"short_factor must be a list of positive numbers"),
+    (dict(rope_scaling={"rope_type": "longrope", "factor": 3.0, "short_factor": [1.0] * 4}),
+     r"missing \['long_factor', 'original_max_position_embeddings'\]"),
     (dict(positions="learned", rope_scaling={"rope_type": "linear", "factor": 2.0}),
      "rope_scaling scales rotary positions; positions is 'learned'"),
     (dict(sliding_window=0), "sliding_window must be a positive integer"),
@@ -383,8 +481,10 @@ def test_a_head_width_of_its_own_sizes_the_projections():
                                               sliding_window_layers=[1]),
                                      dict(sandwich_norm=True, qk_norm=True, sliding_window=4,
                                           sliding_window_layers=[0], rope_local_theta=100.0,
-                                          attention_scale=0.25)],
-                         ids=["llama", "qwen-yarn-window", "gemma3"])
+                                          attention_scale=0.25),
+                                     dict(rotary_fraction=0.75, rope_scaling={
+                                         **LONGROPE, "original_max_position_embeddings": 6})],
+                         ids=["llama", "qwen-yarn-window", "gemma3", "phi4-partial-longrope"])
 def test_the_modern_decoder_compiles_whole_for_training_and_a_cached_step(changes):
     """``torch.compile(fullgraph=True)``: rotary (also scaled), RMSNorm, SwiGLU, grouped heads and
     QK-norm break no graph (aot_eager traces what inductor would, see tests/test_compile.py)."""

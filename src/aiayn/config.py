@@ -97,6 +97,9 @@ class TransformerConfig:
     # scaled RoPE for contexts beyond the pretraining length, with the keys of Hugging Face's
     # rope_parameters, e.g. {"rope_type": "llama3", "factor": 32.0, ...} (aiayn.nn.rotary); None: plain
     rope_scaling: dict[str, Any] | None = None
+    # RoPE turns only the first int(Dh * fraction) dims of each head (HF's partial_rotary_factor;
+    # Phi-4-mini: 0.75); the rest pass through unrotated
+    rotary_fraction: float = 1.0
     qk_norm: bool = False  # the config's norm over Dh on every head's q and k, before RoPE (Qwen3)
     # decoder self-attention sees only the last W keys (itself included): Mistral, Qwen, Gemma
     sliding_window: int | None = None
@@ -245,13 +248,29 @@ class TransformerConfig:
                     _is_count(i, zero=True) and i < self.n_decoder_layers for i in layers):
                 raise ValueError(f"sliding_window_layers must be a list of decoder layer indices "
                                  f"in [0, {self.n_decoder_layers}), got {layers!r}")
+        self._validate_rotary()
+
+    def _validate_rotary(self) -> None:
         from aiayn.nn.rotary import check_rope_scaling  # late: rotary imports nothing from here
 
-        check_rope_scaling(self.rope_scaling)
+        fraction = self.rotary_fraction
+        if not (_is_positive(fraction) and fraction <= 1):
+            raise ValueError(f"rotary_fraction is the share of each head that rotary positions "
+                             f"turn: a number in (0, 1], got {fraction!r}")
+        if fraction != 1 and self.positions != "rotary":
+            raise ValueError(f"rotary_fraction={fraction!r} rotates part of each head: it needs "
+                             f"positions='rotary', not {self.positions!r}")
+        if self.positions == "rotary" and fraction != 1 and (not self.rotary_dim
+                                                             or self.rotary_dim % 2):
+            raise ValueError(f"rotary_fraction={fraction!r} of a head width of {self.head_dim} "
+                             f"rotates {self.rotary_dim} dimensions; rotary positions turn pairs "
+                             f"and need an even number above 0")
+        check_rope_scaling(self.rope_scaling, self.rotary_dim if self.positions == "rotary"
+                           else None)
         if self.rope_scaling is not None and self.positions != "rotary":
             raise ValueError(f"rope_scaling scales rotary positions; positions is "
                              f"{self.positions!r}")
-        if self.positions == "rotary" and self.head_dim % 2:
+        if self.positions == "rotary" and self.head_dim % 2 and fraction == 1:
             raise ValueError(f"rotary positions rotate pairs of dimensions and need an even head "
                              f"width, got {self.head_dim} (d_model / n_heads or d_head)")
 
@@ -293,6 +312,12 @@ class TransformerConfig:
     def head_dim(self) -> int:
         """Width of one attention head, d_k = d_v = d_model / h (paper 3.2.2), or ``d_head``."""
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dr, the dimensions of each head that rotary positions turn: int(Dh * rotary_fraction),
+        as transformers rounds it."""
+        return int(self.head_dim * self.rotary_fraction)
 
     @property
     def kv_heads(self) -> int:

@@ -23,6 +23,11 @@ different lengths slide together, when the longest row fills the cache, so there
 conditions on fewer of its own tokens than it would alone. Without ``slide``, asking for more
 positions than the cache holds is an error before anything runs.
 
+LongRoPE (``rope_scaling`` "longrope", aiayn.nn.rotary) turns every position by other angles once
+a sequence is longer than original_max_position_embeddings: when the batch first grows past it,
+the cache is rebuilt by one prefill of the whole sequence, as transformers' Phi-3 ``generate``
+does. The switch follows the batch's longest row, so there a shorter row is not computed as alone.
+
 Legend: B batch (prompts), L padded prompt length, N new tokens, V vocabulary, C cache capacity.
 """
 
@@ -38,6 +43,7 @@ from torch import Tensor, nn
 
 from aiayn.decoding.sampling import next_tokens, penalise_repeats
 from aiayn.models.modes import evaluating
+from aiayn.nn.rotary import longrope_switch
 
 StepCallback = Callable[[int, Tensor, Tensor], None]
 StopTest = Callable[[int, list[int]], bool]
@@ -267,6 +273,7 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
     host_stopped = [0] * batch  # per row: how many new tokens it had when the stop test passed
     can_stop = stop is not None or bool(stop_set.numel())
 
+    switch = longrope_switch(getattr(model_config, "rope_scaling", None))  # None: never
     with evaluating(model):
         window = 0  # first column held by the cache
         cache = steps.new_cache(model, batch, min(capacity, fed))
@@ -299,8 +306,13 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
                     break
             if last:
                 break
-            if column - window == cache.max_length:  # full: keep the last C // 2 tokens (slide)
+            full = column - window == cache.max_length
+            if full:  # keep the last C // 2 tokens (slide)
                 window = column + 1 - capacity // 2
+            if full or column - window == switch:
+                # LongRoPE turns every position by its long factors from this token on, and the
+                # cache holds keys turned by the short ones: run the whole sequence again, as
+                # transformers' Phi-3 generate does (aiayn.nn.rotary)
                 cache = steps.new_cache(model, batch, cache.max_length)
                 logits, next_position = steps.prefill(model, cache, sequence, real, window,
                                                       column + 1, padded)

@@ -40,7 +40,7 @@ from torch import nn
 from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, NameMap, activation_from_hf,
                                      build_config, require, require_fields)
-from aiayn.interop.hf_llama import LLAMA_NORMS, rope_settings, token_id
+from aiayn.interop.hf_llama import LLAMA_NORMS, needs_phi3, rope_settings, token_id
 from aiayn.interop.hf_llama import name_map as llama_name_map
 from aiayn.models import CausalLM
 
@@ -241,6 +241,10 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
         required.update(attention_softcap=None, logit_softcap=None, sliding_window=None,
                         attention_scale=None)
     require_fields(config, required, generation.name, subject="it")
+    if needs_phi3(config):
+        raise ValueError(f"cannot export as {generation.name}: it turns whole heads without "
+                         f"LongRoPE; the model has rotary_fraction={config.rotary_fraction!r}, "
+                         f"rope_scaling={config.rope_scaling!r}")
     n = config.n_decoder_layers
     sliding = set(range(n) if config.sliding_window_layers is None
                   else config.sliding_window_layers) if config.sliding_window else set()

@@ -8,7 +8,8 @@ SwiGLU feed-forward (``gated_ffn``, ``activation="silu"``) and grouped-query att
 (``n_kv_heads``). Besides: pre-norm with a final norm, no biases (``attention_bias`` / ``mlp_bias``),
 no embedding scale, no dropout on the residual stream, and an output projection of its own unless
 ``tie_word_embeddings``. Scaled RoPE (``rope_type`` "linear", "llama3" of Llama 3.1 and later,
-"yarn") becomes ``rope_scaling``; "dynamic" and "longrope" are refused (aiayn.nn.rotary).
+"yarn") becomes ``rope_scaling``; "dynamic" is refused (aiayn.nn.rotary), and "longrope" is read
+for Phi-3 (hf_phi3).
 
 A sliding window (Mistral 7B v0.1's 4096 on every layer; Qwen's on the layers ``layer_types`` names)
 becomes ``sliding_window`` and ``sliding_window_layers``.
@@ -29,7 +30,7 @@ from aiayn.config import TransformerConfig
 from aiayn.interop.hf_common import (AIAYN_ACTIVATIONS, CONFIG_FILE, Checkpoint, NameMap, Rule,
                                      activation_from_hf, build_config, require, require_fields)
 from aiayn.models import CausalLM
-from aiayn.nn.rotary import check_rope_scaling
+from aiayn.nn.rotary import check_rope_scaling, longrope_switch
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 ARCHITECTURES = {f"{name}{suffix}": "causal_lm" for name in ("Llama", "Mistral", "Qwen2", "Qwen3")
@@ -44,18 +45,23 @@ def _rope(hf: dict[str, Any], source) -> tuple[float, dict[str, Any] | None]:
 
 
 def rope_settings(parameters: dict[str, Any], theta: float, max_length: int | None,
-                  source) -> tuple[float, dict[str, Any] | None]:
+                  source, *, longrope: bool = False) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling) of one set of HF RoPE parameters (``theta`` when they hold
-    none), with the fields transformers fills in for "llama3" and "yarn"; refused scalings named
-    with their config.json."""
+    none), with the fields transformers fills in for "llama3", "yarn" and "longrope"; refused
+    scalings named with their config.json. ``longrope``: the family runs LongRoPE (Phi-3);
+    a ``partial_rotary_factor`` among the parameters is the caller's to read (hf_phi3)."""
     parameters = dict(parameters)
+    parameters.pop("partial_rotary_factor", None)
     theta = float(parameters.pop("rope_theta", theta))
     kind = parameters.pop("rope_type", parameters.pop("type", "default"))
     if kind == "default":
         return theta, None
-    if kind in ("llama3", "yarn"):  # as transformers fills them in
+    if kind == "longrope" and not longrope:
+        raise ValueError(f"{source / CONFIG_FILE}: rope_type='longrope' is not supported for "
+                         f"this family: aiayn reads LongRoPE for Phi-3 (model_type 'phi3')")
+    if kind in ("llama3", "yarn", "longrope"):  # as transformers fills them in
         parameters.setdefault("original_max_position_embeddings", max_length)
-    if kind == "yarn" and parameters.get("factor") is None and max_length:
+    if kind in ("yarn", "longrope") and parameters.get("factor") is None and max_length:
         parameters["factor"] = max_length / parameters["original_max_position_embeddings"]
     scaling = {"rope_type": kind, **parameters}
     try:
@@ -205,7 +211,17 @@ def plan(checkpoint: Checkpoint, architecture: str, task: str | None,
 
 # --- export --------------------------------------------------------------------------------------
 def matches(model: nn.Module) -> bool:
+    """A rotary ``CausalLM`` that turns whole heads without LongRoPE (those Phi-3 writes)."""
+    return is_rotary_lm(model) and not needs_phi3(model.config)
+
+
+def is_rotary_lm(model: nn.Module) -> bool:
     return isinstance(model, CausalLM) and model.config.positions == "rotary"
+
+
+def needs_phi3(config: TransformerConfig) -> bool:
+    """Partial rotary positions or LongRoPE: of the classes aiayn writes, Phi-3 alone has them."""
+    return config.rotary_fraction != 1 or longrope_switch(config.rope_scaling) is not None
 
 
 def _export_family(config: TransformerConfig) -> str:
@@ -243,7 +259,7 @@ EXPORT_REQUIRED = dict(norm_first=True, final_norm=True, norm="rms", positions="
                        gated_ffn=True, scale_embeddings=False, embedding_norm=False,
                        type_vocab_size=0, output_bias=False, relative_attention_buckets=0,
                        scale_attention=True, attention_scale=None, scale_output=False,
-                       rope_local_theta=None)
+                       rope_local_theta=None, rotary_fraction=1.0)
 CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -251,8 +267,15 @@ CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
 def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
     """The HF config.json and name map that write an aiayn rotary ``CausalLM`` as
     ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``Qwen3ForCausalLM`` (``_export_family``)."""
-    config: TransformerConfig = model.config
+    return config_to_hf(model.config), name_map(model.config, "model.", has_head=True)
+
+
+def config_to_hf(config: TransformerConfig) -> dict[str, Any]:
+    """The config.json of ``export``."""
     require_fields(config, EXPORT_REQUIRED, "Llama")
+    if needs_phi3(config):
+        raise ValueError("cannot export as Llama: LongRoPE (rope_scaling 'longrope') is written "
+                         "as Phi-3 (model_type='phi3')")
     family = _export_family(config)
     activation = "silu" if config.activation == "silu" else AIAYN_ACTIVATIONS[config.activation]
     hf = dict(model_type=family, architectures=[CLASSES[family]], vocab_size=config.vocab_size,
@@ -281,4 +304,4 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
                                else "full_attention" for i in range(n)])
         if family == "qwen3":
             hf["attention_bias"] = False
-    return hf, name_map(config, "model.", has_head=True)
+    return hf

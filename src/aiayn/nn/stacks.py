@@ -83,8 +83,8 @@ def make_rotary(config: TransformerConfig, *, local: bool = False) -> RotaryEmbe
     if local:
         if config.rope_local_theta is None:
             return None
-        return RotaryEmbedding(config.head_dim, config.rope_local_theta, config.max_length)
-    return RotaryEmbedding(config.head_dim, config.rope_theta, config.max_length,
+        return RotaryEmbedding(config.rotary_dim, config.rope_local_theta, config.max_length)
+    return RotaryEmbedding(config.rotary_dim, config.rope_theta, config.max_length,
                            config.rope_scaling)
 
 
