@@ -186,6 +186,27 @@ def test_a_llama_3_2_config_json_reads_its_scaled_rope(tmp_path):
     assert (ours.max_length, ours.eos_id, ours.tie_output) == (131072, 2, True)
 
 
+@pytest.mark.parametrize("where", ["top", "rope_parameters"])
+def test_a_partial_rotary_factor_is_refused_outside_phi3(tmp_path, where):
+    """transformers' Llama-family configs may carry partial_rotary_factor; aiayn turns partial
+    heads for Phi-3 alone, so elsewhere it is refused rather than read as whole-head RoPE."""
+    config = dict(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=48,
+                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    if where == "top":
+        config["partial_rotary_factor"] = 0.5
+    else:
+        config["rope_parameters"] = dict(rope_type="default", rope_theta=10000.0,
+                                         partial_rotary_factor=0.5)
+    checkpoint = aiayn.interop.hf_common.Checkpoint(tmp_path, config, {}, {})
+    with pytest.raises(ValueError, match="partial_rotary_factor=0.5 is not supported for "
+                                         "model_type 'qwen2'"):
+        aiayn.interop.hf_llama.config_from_hf(config, checkpoint, {})
+    config.pop("partial_rotary_factor", None)
+    config.pop("rope_parameters", None)
+    config["partial_rotary_factor"] = 1.0  # a whole head: read as before
+    assert aiayn.interop.hf_llama.config_from_hf(config, checkpoint, {}).rotary_fraction == 1.0
+
+
 def test_export_refuses_a_rotary_model_llama_cannot_express(tmp_path):
     model = aiayn.CausalLM(aiayn.TransformerConfig.preset("llama-char", norm="layer"))
     with pytest.raises(ValueError, match="Llama needs norm='rms'"):

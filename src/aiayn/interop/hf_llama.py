@@ -39,9 +39,17 @@ ARCHITECTURES = {f"{name}{suffix}": "causal_lm" for name in ("Llama", "Mistral",
 
 def _rope(hf: dict[str, Any], source) -> tuple[float, dict[str, Any] | None]:
     """rope_theta and the scaled RoPE (``rope_scaling``, None when plain) of a config.json:
-    transformers 5 keeps both in ``rope_parameters``, 4 in ``rope_theta`` and ``rope_scaling``."""
-    return rope_settings(hf.get("rope_parameters") or hf.get("rope_scaling") or {},
-                         hf.get("rope_theta", 10000.0), hf.get("max_position_embeddings"), source)
+    transformers 5 keeps both in ``rope_parameters``, 4 in ``rope_theta`` and ``rope_scaling``.
+    A ``partial_rotary_factor`` below 1 is refused: aiayn reads partial rotary positions for
+    Phi-3 alone (hf_phi3)."""
+    parameters = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    fraction = parameters.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+    if fraction is not None and fraction != 1:
+        raise ValueError(f"{source / CONFIG_FILE}: partial_rotary_factor={fraction!r} is not "
+                         f"supported for model_type {hf.get('model_type')!r}: aiayn reads "
+                         f"partial rotary positions for Phi-3 (model_type 'phi3') alone")
+    return rope_settings(parameters, hf.get("rope_theta", 10000.0),
+                         hf.get("max_position_embeddings"), source)
 
 
 def rope_settings(parameters: dict[str, Any], theta: float, max_length: int | None,

@@ -92,7 +92,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
                 max_length=hf.get("max_position_embeddings", 4096),
                 layer_norm_eps=hf.get("rms_norm_eps", 1e-5), **rope)
     llama = {key: value for key, value in hf.items()  # Phi-3's RoPE settings are read above
-             if key not in ("rope_scaling", "rope_parameters")}
+             if key not in ("rope_scaling", "rope_parameters", "partial_rotary_factor")}
     return hf_llama.config_from_hf(llama, checkpoint, {**phi3, **overrides})
 
 
