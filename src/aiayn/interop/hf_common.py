@@ -344,12 +344,22 @@ def load_state(model: nn.Module, checkpoint: Checkpoint, name_map: NameMap) -> N
                          f"{unfilled}")
 
 
+def _tiled_rows(ranges: list[tuple[int, int]]) -> int | None:
+    """The rows that row ranges [start, stop) cover when, sorted, they run on from row 0
+    without gaps or overlaps; else None."""
+    covered = 0
+    for start, stop in sorted(ranges):
+        if start != covered:
+            return None
+        covered = stop
+    return covered
+
+
 def _check_rows(checkpoint: Checkpoint, key: str, rows: int,
                 blocks: list[tuple[int, int, str]]) -> None:
     """The blocks that rules take from a fused tensor of ``rows`` rows tile it, without gaps."""
     blocks = sorted(blocks)
-    stops = [0] + [stop for _, stop, _ in blocks]
-    if any(start != stop for (start, _, _), stop in zip(blocks, stops)) or stops[-1] != rows:
+    if _tiled_rows([(start, stop) for start, stop, _ in blocks]) != rows:
         taken = ", ".join(f"{target!r} rows {start}:{stop}" for start, stop, target in blocks)
         raise ValueError(f"{checkpoint.file_of(key)}: {key!r} has {rows} rows, but aiayn takes "
                          f"{taken} (does config.json match the weights?)")
@@ -377,9 +387,8 @@ def export_state(model: nn.Module, name_map: NameMap) -> dict[str, Tensor]:
             state[key] = tensor
     for key, blocks in fused.items():
         blocks.sort(key=lambda block: block[0])
-        stops = [0] + [stop for (_, stop), _ in blocks]
-        if any(start != stop or len(part) != end - start
-               for ((start, end), part), stop in zip(blocks, stops)):
+        if _tiled_rows([rows for rows, _ in blocks]) is None or any(
+                len(part) != stop - start for (start, stop), part in blocks):
             raise ValueError(f"name map error: the blocks of HF key {key!r} do not tile it "
                              f"({[rows for rows, _ in blocks]})")
         state[key] = torch.cat([part for _, part in blocks], dim=0).contiguous().clone()
