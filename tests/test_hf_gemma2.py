@@ -193,6 +193,30 @@ def test_a_transformers_4_config_json_reads_the_same(tmp_path):
     assert (ours.attention_softcap, ours.logit_softcap) == (None, None)
 
 
+@pytest.mark.parametrize("family", [pytest.param("gemma2", marks=needs_gemma2), "gemma"])
+def test_a_config_json_without_head_dim_or_query_pre_attn_scalar_takes_transformers_defaults(
+        tmp_path, family):
+    """A config.json that leaves out head_dim (and Gemma 2's query_pre_attn_scalar) is read as
+    transformers reads it, 256 for both, not D / H: the directory loads to transformers' logits
+    when both models read the same stripped file."""
+    shape = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=256)
+    hf = hf_gemma2(query_pre_attn_scalar=256, **shape) if family == "gemma2" else \
+        hf_gemma(**shape)
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for field in ("head_dim", "query_pre_attn_scalar"):
+        config.pop(field, None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    again = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, attn_implementation="eager").eval()
+    assert again.config.head_dim == 256
+    ours = aiayn.from_pretrained(tmp_path)
+    assert ours.config.head_dim == 256 and ours.config.attention_scale is None
+    ids = torch.randint(3, VOCAB, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), again(ids).logits, rtol=0, atol=1e-4)
+
+
 def test_soft_capping_scores_needs_the_reference_kernel(tmp_path):
     with pytest.raises(ValueError, match="attention_softcap transforms every attention score, "
                                          "which only attention='reference' writes out"):

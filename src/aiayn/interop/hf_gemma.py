@@ -45,6 +45,9 @@ from aiayn.interop.hf_llama import name_map as llama_name_map
 from aiayn.models import CausalLM
 
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text")
+# transformers' default head_dim (every Gemma) and query_pre_attn_scalar (Gemma 2 and 3), for a
+# config.json that leaves them out
+DEFAULT_WIDTH = 256
 ARCHITECTURES = {"GemmaForCausalLM": "causal_lm", "GemmaModel": "causal_lm",
                  "Gemma2ForCausalLM": "causal_lm", "Gemma2Model": "causal_lm",
                  "Gemma3ForCausalLM": "causal_lm", "Gemma3TextModel": "causal_lm"}
@@ -122,9 +125,10 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         raise ValueError(f"{source / CONFIG_FILE}: attention_bias=true is not supported")
     d_model = require(hf, "hidden_size", source)
     heads = require(hf, "num_attention_heads", source)
-    head_dim = hf.get("head_dim") or d_model // heads
+    # A field the file leaves out takes transformers' default (256 for both), not D / H
+    head_dim = hf.get("head_dim") or DEFAULT_WIDTH
     # Gemma 2 and 3 scale the scores by query_pre_attn_scalar^-1/2, Gemma by Dh^-1/2
-    scalar = head_dim if model_type == "gemma" else hf.get("query_pre_attn_scalar", head_dim)
+    scalar = head_dim if model_type == "gemma" else hf.get("query_pre_attn_scalar", DEFAULT_WIDTH)
     if not isinstance(scalar, (int, float)) or isinstance(scalar, bool) or not scalar > 0:
         raise ValueError(f"{source / CONFIG_FILE}: query_pre_attn_scalar must be a positive "
                          f"number, got {scalar!r}")
