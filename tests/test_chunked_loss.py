@@ -135,6 +135,26 @@ def test_lm_token_loss_equals_the_plain_path(monkeypatch):
     _compare(lambda m: token_loss(m, ids[:, :-1], ids[:, 1:]), model, monkeypatch)
 
 
+def test_lm_token_loss_passes_the_logits_to_the_cross_entropy_in_their_own_dtype(monkeypatch):
+    """The plain path (here bf16 weights on the CPU; on a GPU every dtype) hands F.cross_entropy
+    the logits as the model made them, as nanoGPT does: under CUDA autocast a float32 cast there
+    would turn the bf16 log-softmax into a float32 one over (B * T, V) (docs/performance.md)."""
+    import aiayn.tasks.lm as lm
+
+    seen, original = [], F.cross_entropy
+
+    def cross_entropy(logits, *args, **kwargs):
+        seen.append(logits.dtype)
+        return original(logits, *args, **kwargs)
+
+    monkeypatch.setattr(lm.F, "cross_entropy", cross_entropy)
+    torch.manual_seed(0)
+    model = CausalLM(TransformerConfig.preset("tiny", norm_first=True, n_encoder_layers=0))
+    ids = torch.randint(0, 100, (3, 17))
+    loss = token_loss(model.bfloat16(), ids[:, :-1], ids[:, 1:])
+    assert seen == [torch.bfloat16] and loss.dtype == torch.float32
+
+
 def test_translation_loss_equals_the_plain_path(monkeypatch):
     torch.manual_seed(0)
     model = Transformer(TransformerConfig.preset("tiny", output_bias=True))
