@@ -489,6 +489,38 @@ def test_a_seed_makes_a_sampled_conversation_reproducible(qwen_long, monkeypatch
     assert not out.endswith("\n" + single)  # reseeded per turn, the third reply would be the first
 
 
+def test_each_turn_keeps_the_cached_turns_before_and_replies_as_a_full_prefill(
+        qwen_long, monkeypatch, capsys):
+    """The prefix cache (the default): each turn after the first keeps the positions the ids of
+    the conversation share with the turn before, and prints what --no-prefix-cache (every turn
+    prefilled whole) and transformers print, greedy and sampled with a seed."""
+    from aiayn.decoding import prefix_cache
+
+    kept: list[int] = []
+    original = prefix_cache.PrefixCache.prefill
+
+    def recording(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        kept.append(self.kept)
+        return out
+
+    monkeypatch.setattr(prefix_cache.PrefixCache, "prefill", recording)
+    turns = HFChat(qwen_long).converse(MESSAGES, 12, system="Be brief.")
+    stdin = "\n".join(MESSAGES) + "\n"
+    for options, want in ((["--max-new-tokens", "12"], "".join(r + "\n" for *_, r in turns)),
+                          (["--max-new-tokens", "12", "--temperature", "1", "--seed", "3"], None)):
+        kept.clear()
+        runs = [converse_cli(monkeypatch, capsys, qwen_long, stdin, "--system", "Be brief.",
+                             *options, *extra) for extra in ([], ["--no-prefix-cache"])]
+        assert runs[0] == runs[1] and runs[0][0] == 0
+        assert want is None or runs[0][1] == want
+        assert len(kept) == 3 and kept[0] == 0  # --no-prefix-cache makes no PrefixCache
+        # the previous turn's prompt is kept, and its reply up to where the template's
+        # re-encoding differs (greedy: the prompts are transformers')
+        first, second = (len(prompt) for prompt, _, _ in turns[:2])
+        assert kept[1] >= first and kept[2] >= (second if want else first)
+
+
 def test_conversation_turns_drop_oldest_first_never_the_system_message():
     from aiayn.commands.chat_loop import Conversation, fit
 

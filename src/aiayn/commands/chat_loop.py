@@ -86,7 +86,7 @@ def lines(stream: TextIO, marker: TextIO | None) -> Iterator[str]:
 
 def converse(stream: TextIO, *, system: str | None, encode: Callable[[Messages], list[int]],
              respond: Callable[[list[int]], str], context: int,
-             marker: TextIO | None = None) -> None:
+             marker: TextIO | None = None, on_reset: Callable[[], None] | None = None) -> None:
     """Answer the messages of ``stream`` until ``/exit`` or its end.
 
     Args:
@@ -95,6 +95,7 @@ def converse(stream: TextIO, *, system: str | None, encode: Callable[[Messages],
         respond: prints the reply to a conversation's ids and returns its text.
         context: the most ids ``respond`` takes.
         marker: where ``MARKER`` asks for each line (None: nowhere, e.g. when piped).
+        on_reset: called at ``/reset`` (e.g. to drop the cached keys of the turns forgotten).
     """
     conversation = Conversation(system)
     for message in lines(stream, marker):
@@ -102,6 +103,8 @@ def converse(stream: TextIO, *, system: str | None, encode: Callable[[Messages],
             return
         if message == RESET:
             conversation.turns.clear()
+            if on_reset is not None:
+                on_reset()
             continue
         reply = respond(fit(conversation, message, encode, context))
         conversation.turns.append((message, reply))

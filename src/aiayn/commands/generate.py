@@ -24,6 +24,9 @@ then a newline; a reply may hold newlines of its own) and joins the conversation
 replies alone. Longer than the context, the conversation drops its oldest turns, with a warning.
 ``--seed`` seeds one random stream at the start, which every reply draws from in turn: the same
 messages give the same replies, and the first reply is the one ``--chat`` with the same seed gives.
+Each turn keeps the KV cache of the turn before and prefills only what the conversation does not
+share with the ids it holds (``aiayn.decoding.prefix_cache``; ``/reset`` drops it,
+``--no-prefix-cache`` prefills the whole conversation every turn): the same replies, sooner.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     import torch
 
     from aiayn.decoding.generation import GenerationConfig
+    from aiayn.decoding.prefix_cache import PrefixCache
     from aiayn.fast import InferenceEngine
 
 CONVERSATION = "-"  # --chat -: a conversation read from stdin
@@ -63,6 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "turns so far, '/exit' or the end of stdin ends it)")
     parser.add_argument("--system", default=None, metavar="TEXT",
                         help="with --chat: a system message before it (kept by '/reset')")
+    parser.add_argument("--no-prefix-cache", action="store_true",
+                        help="with --chat -: prefill the whole conversation every turn instead "
+                             "of keeping the cached positions it shares with the turn before "
+                             "(the same replies, slower; for debugging)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=200)
     parser.add_argument("--temperature", type=float, default=None,
                         help="0 = greedy (default: 1, or a checkpoint's generation_config.json)")
@@ -173,6 +181,8 @@ def check_request(args: argparse.Namespace) -> None:
                          "'-' for a conversation on stdin), not both")
     if args.system is not None and args.chat is None:
         raise ValueError("--system goes with --chat")
+    if args.no_prefix_cache and args.chat != CONVERSATION:
+        raise ValueError("--no-prefix-cache goes with --chat - (a conversation)")
     if args.chat == "" or args.system == "":
         raise ValueError("--chat and --system messages must not be empty")
     for number, prompt in enumerate(args.prompt or [], start=1):
@@ -209,6 +219,7 @@ class Session:
     Attributes:
         generator: the random stream sampling draws from when ``config.seed`` is None (None:
             torch's global stream).
+        prefix_cache: the cache each reply keeps for the next (``--chat -``), or None.
     """
 
     inference: "InferenceEngine"
@@ -218,6 +229,7 @@ class Session:
     stops: StopStrings
     stream: bool
     generator: "torch.Generator | None" = None
+    prefix_cache: "PrefixCache | None" = None
 
     def fit(self, ids: list[int], name: str) -> list[int]:
         """``ids``, or their last ``context`` with a warning on stderr where they are more."""
@@ -268,7 +280,7 @@ class Session:
             sys.stdout.write(echo)
             sys.stdout.flush()
         result = self.inference.generate(
-            [ids], self.config, generator=self.generator,
+            [ids], self.config, generator=self.generator, prefix_cache=self.prefix_cache,
             stop=stop if self.stops.stops else None, on_step=on_step if self.stream else None)
         text = self.cut(continuation.text(result.tokens[0]))
         sys.stdout.write((text[shown:] if self.stream else echo + text) + "\n")
@@ -322,18 +334,23 @@ def load(args: argparse.Namespace) -> Session:
 def converse(session: Session, args: argparse.Namespace) -> None:
     """``--chat -``: the conversation of ``aiayn.commands.chat_loop`` on stdin. With ``--seed``
     one random stream, seeded here, serves every reply (``generate`` would seed a fresh one per
-    call)."""
+    call). One ``PrefixCache`` serves every reply (unless ``--no-prefix-cache``); ``/reset``
+    drops what it holds."""
     import torch
 
     from aiayn.commands import chat_loop
+    from aiayn.decoding.prefix_cache import PrefixCache
 
+    if not args.no_prefix_cache:
+        session = dataclasses.replace(session, prefix_cache=PrefixCache())
     if session.config.seed is not None:
         generator = torch.Generator(device=torch.device(args.device))
         session = dataclasses.replace(session, config=session.config.replace(seed=None),
                                       generator=generator.manual_seed(session.config.seed))
     chat_loop.converse(sys.stdin, system=args.system, encode=session.vocabulary.encode_chat,
                        respond=session.reply, context=session.context,
-                       marker=sys.stderr if sys.stdin.isatty() else None)
+                       marker=sys.stderr if sys.stdin.isatty() else None,
+                       on_reset=session.prefix_cache.reset if session.prefix_cache else None)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,9 @@ it): greedy, temperature, top-k, top-p and min-p sampling, a repetition penalty,
 host-side stop test (e.g. stop strings), a seeded generator, batched prompts of different lengths,
 and a per-step streaming callback.
 What to generate is a ``GenerationConfig``; how the model runs is a ``Steps`` object (plain calls of
-``decode_step`` by default; ``aiayn.fast`` passes compiled steps or CUDA graphs).
+``decode_step`` by default; ``aiayn.fast`` passes compiled steps or CUDA graphs). A ``PrefixCache``
+(``aiayn.decoding.prefix_cache``) carries one call's cache into the next, which then prefills only
+what its prompt does not share with the ids that cache holds (the turns of a chat).
 
 Per step the loop runs the model on one new token per row and writes into buffers allocated once
 (the token buffer, the key-padding mask, the positions); nothing is read back to the host except where
@@ -34,16 +36,19 @@ Legend: B batch (prompts), L padded prompt length, N new tokens, V vocabulary, C
 from __future__ import annotations
 
 import dataclasses
-import operator
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from aiayn.decoding.prompts import id_like, prompt_rows
 from aiayn.decoding.sampling import next_tokens, penalise_repeats
 from aiayn.models.modes import evaluating
 from aiayn.nn.rotary import longrope_switch
+
+if TYPE_CHECKING:
+    from aiayn.decoding.prefix_cache import PrefixCache
 
 StepCallback = Callable[[int, Tensor, Tensor], None]
 StopTest = Callable[[int, list[int]], bool]
@@ -89,12 +94,12 @@ class GenerationConfig:
         if not _positive_int(self.max_new_tokens):
             raise ValueError(f"max_new_tokens must be a positive integer, got "
                              f"{self.max_new_tokens!r}")
-        stop_ids = (self.stop_ids,) if _id_like(self.stop_ids) else self.stop_ids  # one id
+        stop_ids = (self.stop_ids,) if id_like(self.stop_ids) else self.stop_ids  # one id
         try:
             stop_ids = tuple(stop_ids)
         except TypeError:
             stop_ids = (stop_ids,)  # not iterable: refused just below
-        if not all(_id_like(t) for t in stop_ids):
+        if not all(id_like(t) for t in stop_ids):
             raise ValueError(f"stop_ids must be integer token ids, got {self.stop_ids!r}")
         object.__setattr__(self, "stop_ids", stop_ids)
         if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
@@ -134,17 +139,6 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _id_like(value: object) -> bool:
-    """An integer token id: a Python or NumPy integer, or a 0-d integer tensor (not a bool)."""
-    if isinstance(value, (bool, float)) or getattr(value, "dtype", None) in (torch.bool, bool):
-        return False
-    try:
-        operator.index(value)
-    except TypeError:
-        return False
-    return True
-
-
 @dataclass
 class Generation:
     """What ``generate`` returns.
@@ -171,6 +165,8 @@ class Steps:
     ``aiayn.fast`` subclasses it to replay fixed-shape steps from a CUDA graph.
     """
 
+    owns_caches = False  # True: a cache goes back to the steps, which hand it to a later call
+
     def __init__(self, step: DecodeStep = decode_step):
         self.step = step
 
@@ -179,8 +175,10 @@ class Steps:
 
     def prefill(self, model: nn.Module, cache, sequence: Tensor, real: Tensor, start: int,
                 end: int, padded: bool) -> tuple[Tensor, Tensor | None]:
-        """Columns start..end-1 of ``sequence`` (B, L + N) into the empty ``cache``; the last
-        logits (B, V) and, for left-padded batches, each row's next position (B, 1)."""
+        """Columns start..end-1 of ``sequence`` (B, L + N) into ``cache`` at its positions
+        ``cache.length ..`` (empty: a prompt or a slid window; else a ``PrefixCache``'s kept
+        prefix); the last logits (B, V) and, for left-padded batches, each row's next position
+        (B, 1)."""
         return _prefill(model, cache, sequence, real, start, end, padded)
 
     def next(self, model: nn.Module, cache, sequence: Tensor, real: Tensor, window: int,
@@ -196,7 +194,8 @@ class Steps:
 def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Sequence[int],
              config: GenerationConfig | None = None, *, generator: torch.Generator | None = None,
              stop: StopTest | None = None, on_step: StepCallback | None = None,
-             steps: Steps | None = None, **options) -> Generation:
+             steps: Steps | None = None, prefix_cache: PrefixCache | None = None,
+             **options) -> Generation:
     """Continue each prompt with up to ``config.max_new_tokens`` tokens.
 
     Args:
@@ -214,6 +213,8 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
             whose ``finished`` is True had already stopped and their token is meaningless.
         steps: runs the model (default ``Steps()``: plain calls); ``aiayn.fast`` passes compiled
             steps or CUDA graphs.
+        prefix_cache: a ``PrefixCache`` holding an earlier call's cache: its positions that the
+            prompt shares are kept, the rest prefilled, and it then holds this call's.
 
     Returns:
         A ``Generation`` (new tokens and finish reason per prompt).
@@ -231,7 +232,7 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
         raise TypeError("generate continues prompts with a decoder-only model (CausalLM); decode "
                         "an encoder-decoder with aiayn.decoding.greedy.greedy_search or "
                         "aiayn.decoding.beam.beam_search")
-    rows = _prompt_rows(prompt_ids, model_config.vocab_size)
+    rows = prompt_rows(prompt_ids, model_config.vocab_size)
     capacity = model_config.max_length if config.context is None else config.context
     if capacity > model_config.max_length:
         raise ValueError(f"context must be in [2, {model_config.max_length}] (the model's "
@@ -276,8 +277,12 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
     switch = longrope_switch(getattr(model_config, "rope_scaling", None))  # None: never
     with evaluating(model):
         window = 0  # first column held by the cache
-        cache = steps.new_cache(model, batch, min(capacity, fed))
-        logits, next_position = steps.prefill(model, cache, sequence, real, window, width, padded)
+        if prefix_cache is None:
+            cache = steps.new_cache(model, batch, min(capacity, fed))
+            logits, next_position = steps.prefill(model, cache, sequence, real, 0, width, padded)
+        else:  # a cache of at least min(capacity, fed) that holds the shared prefix, then the rest
+            cache, logits, next_position = prefix_cache.prefill(model, steps, sequence, real,
+                                                                width, padded, capacity, fed)
         produced = 0
         for index in range(new):
             column = width + index
@@ -321,6 +326,8 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
                                 next_position if padded else None)  # (B, V)
             if padded:
                 next_position += 1
+    if prefix_cache is not None:
+        prefix_cache.keep(cache, sequence, window)
     return _result(sequence[:, width:width + produced].tolist(), stopped_by_id.tolist(),
                    host_stopped, stop_ids)
 
@@ -352,44 +359,10 @@ def _result(new: list[list[int]], by_id: list[bool], host_stopped: list[int],
     return Generation(tokens=tokens, finish_reasons=reasons)
 
 
-def _prompt_rows(prompt_ids: Tensor | Sequence[Sequence[int]] | Sequence[int], vocab_size: int
-                 ) -> list[list[int]]:
-    if isinstance(prompt_ids, Tensor):
-        if prompt_ids.dim() not in (1, 2) or prompt_ids.dtype not in (torch.long, torch.int32):
-            raise ValueError(f"prompt_ids must be an integer (T,) or (B, T) tensor, got "
-                             f"{prompt_ids.dtype} {tuple(prompt_ids.shape)}")
-        rows = prompt_ids.tolist() if prompt_ids.dim() == 2 else [prompt_ids.tolist()]
-    elif len(prompt_ids) and not any(isinstance(t, (list, tuple, range))
-                                     or getattr(t, "ndim", 0) >= 1 for t in prompt_ids):
-        rows = [list(prompt_ids)]  # one prompt of scalars
-    else:
-        try:
-            rows = [list(row) for row in prompt_ids]
-        except TypeError:
-            raise ValueError("prompt_ids must be a list of token ids, a list of such lists, or an "
-                             "integer tensor") from None
-    if not rows:
-        raise ValueError("no prompts given")
-    for index, row in enumerate(rows):
-        if not row:
-            raise ValueError(f"prompt {index} is empty; give at least one token (e.g. a newline "
-                             f"or a start token)")
-        not_ids = [t for t in row if not _id_like(t)]
-        if not_ids:
-            raise ValueError(f"prompt {index} holds {not_ids[0]!r} ({type(not_ids[0]).__name__}), "
-                             f"not an integer token id")
-        rows[index] = row = [operator.index(t) for t in row]
-        bad = [t for t in row if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"prompt {index} holds token id {bad[0]} outside the vocabulary "
-                             f"[0, {vocab_size})")
-    return rows
-
-
 def _prefill(model: nn.Module, cache, sequence: Tensor, real: Tensor, start: int, end: int,
              padded: bool) -> tuple[Tensor, Tensor | None]:
-    """Run columns start..end-1 into an empty cache; returns the last logits (B, V) and, for padded
-    batches, the next position of each row (B, 1)."""
+    """Run columns start..end-1 into the cache, after the positions it holds; returns the last
+    logits (B, V) and, for padded batches, the next position of each row (B, 1)."""
     ids = sequence[:, start:end]  # (B, T)
     if not padded:
         return _last_logits(model, ids, cache=cache), None

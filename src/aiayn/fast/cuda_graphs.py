@@ -112,6 +112,8 @@ class GraphedSteps(Steps):
         max_shapes: how many shapes' caches and graphs to keep.
     """
 
+    owns_caches = True  # a later call of the same shape reuses the cache: no PrefixCache keeps it
+
     def __init__(self, step: Callable = slot_step, *, use_graph: bool = True,
                  max_shapes: int = 8):
         super().__init__()
