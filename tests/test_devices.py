@@ -203,3 +203,56 @@ def test_engine_generation_of_a_relative_bias_decoder_is_the_plain_generation(de
     assert not engine.uses_cuda_graphs()
     assert engine.generate([[5, 6, 7]], max_new_tokens=6, greedy=True).tokens == \
         generate(model, [[5, 6, 7]], max_new_tokens=6, greedy=True).tokens
+
+
+def randomised(config: TransformerConfig, device: str, std: float = 0.2) -> CausalLM:
+    """A model whose matrices are drawn with ``std`` from a seeded stream."""
+    torch.manual_seed(0)
+    model = CausalLM(config).eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * std)
+    return model.to(device)
+
+
+LONGROPE = {"rope_type": "longrope", "factor": 3.0, "original_max_position_embeddings": 16,
+            "short_factor": [1.0, 1.5, 2.5], "long_factor": [1.25, 4.0, 9.0]}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["window", "longrope"])
+def test_engine_generation_past_a_window_or_a_longrope_switch_is_greedy(device, kind):
+    """A Mistral-style window of 8 keys, and Phi-3's LongRoPE (partial rotary, switching to the
+    long factors past 16 positions: generate runs the sequence again there), through the engine
+    (on a GPU: fixed-shape steps replayed from CUDA graphs): 24 new tokens after prompts of 6 ids
+    (and a left-padded one of 3 for the window) go well past both; every token is the argmax of the full forward of its row's ids
+    before it (LongRoPE picks its factors by the length of each call, so one forward of the
+    finished row would not do)."""
+    from aiayn.fast import InferenceOptions, prepare_for_inference
+
+    llama = TransformerConfig.preset("llama-char", vocab_size=50, d_model=64, n_heads=8,
+                                     n_kv_heads=2, n_decoder_layers=2, d_ff=128, max_length=64)
+    changes = (dict(sliding_window=8) if kind == "window"
+               else dict(rotary_fraction=0.75, rope_scaling=LONGROPE))
+    # Weights of std 0.2: at this scale the window and the long factors change the tokens
+    model, without = (randomised(llama.replace(**c), device)
+                      for c in (changes, {k: v for k, v in changes.items()
+                                          if k == "rotary_fraction"}))
+    engine = prepare_for_inference(model, InferenceOptions(compile=False))
+    assert engine.generate([[5, 6, 7]], max_new_tokens=24, greedy=True).tokens != \
+        generate(without, [[5, 6, 7]], max_new_tokens=24, greedy=True).tokens
+    assert engine.uses_cuda_graphs() == (device == "cuda")
+    # LongRoPE picks the factors by the furthest position of the whole batch, as transformers
+    # does: a left-padded row's own forward would not be its reference, so its rows are as long
+    second = [11, 12, 13] if kind == "window" else [11, 12, 13, 14, 15, 16]
+    for prompts in ([[5, 6, 7, 8, 9, 10]], [[5, 6, 7, 8, 9, 10], second]):
+        result = engine.generate(prompts, max_new_tokens=24, greedy=True)
+        for prompt, tokens in zip(prompts, result.tokens):
+            assert len(tokens) == 24
+            ids = prompt + tokens
+            for end in range(len(prompt), len(ids)):
+                with torch.no_grad():
+                    logits = model(torch.tensor([ids[:end]], device=device))[0, -1].float()
+                assert logits[ids[end]] >= logits.max() - 1e-3, (kind, prompt, end, tokens)
