@@ -244,8 +244,9 @@ def test_bad_settings_are_refused_naming_the_file(tmp_path):
                                          r"so type_vocab_size=2 cannot be loaded"):
         aiayn.from_pretrained(tmp_path, type_vocab_size=2)
     with pytest.raises(ValueError, match=r"config\.json: pooler_activation must be one of "
-                                         r"\['tanh', 'relu'\], got 'gelu'"):
-        aiayn.from_pretrained(tmp_path, pooler_activation="gelu")
+                                         r"\['tanh', 'relu', 'gelu', 'gelu_tanh', 'silu'\], "
+                                         r"got 'mish'"):
+        aiayn.from_pretrained(tmp_path, pooler_activation="mish")
     _edit_config(tmp_path, activation="mish")
     with pytest.raises(ValueError, match=r"config\.json: activation='mish' is not supported"):
         aiayn.from_pretrained(tmp_path)

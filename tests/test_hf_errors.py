@@ -63,8 +63,9 @@ def test_malformed_and_unsupported_config(bert_dir):
     config_path.write_text(json.dumps({**config, "model_type": "gpt_neox"}))
     with pytest.raises(ValueError, match=r"config\.json: model_type='gpt_neox' is not supported; "
                                          r"aiayn loads bart, bert, distilbert, gemma, gemma2, "
-                                         r"gemma3_text, gpt2, llama, marian, mistral, phi3, "
-                                         r"qwen2, qwen3, roberta, t5, vit, xlm-roberta"):
+                                         r"gemma3_text, gpt2, llama, marian, mistral, "
+                                         r"modernbert, phi3, qwen2, qwen3, roberta, t5, vit, "
+                                         r"xlm-roberta"):
         aiayn.from_pretrained(bert_dir)
     config_path.write_text(json.dumps({**config, "architectures": ["BertForTokenClassification"]}))
     with pytest.raises(ValueError, match="BertForTokenClassification"):

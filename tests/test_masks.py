@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from aiayn.masks import (attention_mask, causal_mask, check_attention_mask, check_padding_mask,
-                         padding_mask_from_ids, padding_mask_from_lengths)
+from aiayn.masks import (attention_mask, band_mask, causal_mask, check_attention_mask,
+                         check_padding_mask, padding_mask_from_ids, padding_mask_from_lengths)
 
 
 def test_padding_from_lengths_and_ids():
@@ -22,6 +22,17 @@ def test_causal_mask_is_right_aligned():
     assert causal_mask(2, 5).tolist() == [[True, True, True, True, False], [True] * 5]
     with pytest.raises(ValueError, match="query_length <= key_length"):
         causal_mask(4, 3)
+
+
+def test_band_mask_sees_the_window_minus_one_keys_on_either_side():
+    """The encoder's window of W = 2: each query sees its neighbours and itself, by hand."""
+    assert band_mask(5, 2).tolist() == [[True, True, False, False, False],
+                                        [True, True, True, False, False],
+                                        [False, True, True, True, False],
+                                        [False, False, True, True, True],
+                                        [False, False, False, True, True]]
+    assert band_mask(3, 1).tolist() == torch.eye(3, dtype=torch.bool).tolist()  # itself only
+    assert band_mask(4, 4).all() and not band_mask(5, 4)[0, 4]  # 4 away: out of a window of 4
 
 
 def test_attention_mask_combines_padding_and_causal():

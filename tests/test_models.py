@@ -179,3 +179,102 @@ def test_gradients_reach_every_parameter():
     loss.backward()
     missing = [name for name, p in model.named_parameters() if p.grad is None]
     assert not missing
+
+
+# --- the encoder's sliding window and ModernBERT's pieces (tests/test_hf_modernbert.py: parity) ---
+def windowed(**overrides):
+    """A 4-layer pre-norm rotary encoder whose layers 1, 2 and 3 slide (ModernBERT's shape)."""
+    return tiny(**{**dict(n_encoder_layers=4, norm_first=True, positions="rotary", gated_ffn=True,
+                          sliding_window=3, sliding_window_layers=[1, 2, 3],
+                          rope_local_theta=100.0, dropout=0.0), **overrides})
+
+
+def test_an_encoder_window_as_wide_as_the_sequence_changes_nothing():
+    """W = 12 over 12 positions hides no key (the farthest is 11 away): the same hidden states as
+    no window at all, the local RoPE base aside; W = 3 hides keys and changes them."""
+    torch.manual_seed(0)
+    plain = TransformerEncoder(windowed(sliding_window=None, sliding_window_layers=None,
+                                        rope_local_theta=None)).eval()
+    wide = TransformerEncoder(windowed(sliding_window=12, rope_local_theta=None)).eval()
+    narrow = TransformerEncoder(windowed(rope_local_theta=None)).eval()
+    wide.load_state_dict(plain.state_dict())
+    narrow.load_state_dict(plain.state_dict())
+    src = ids(2, 12)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 8:] = False
+    with torch.no_grad():
+        want = plain(src, padding_mask=mask)
+        torch.testing.assert_close(wide(src, padding_mask=mask), want, rtol=0, atol=0)
+        assert (narrow(src, padding_mask=mask) - want)[mask].abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kernel", ["fused", "chunked"])
+def test_kernels_with_the_band_equal_the_reference_kernel(kernel):
+    """The band and the padding mask together (a padded row keeps zero weight on padded keys),
+    through SDPA and the chunked kernel, against the reference kernel's written-out softmax; the
+    reference kernel's maps are zero outside the band on the sliding layers."""
+    torch.manual_seed(0)
+    reference = TransformerEncoder(windowed(attention="reference")).eval()
+    other = TransformerEncoder(windowed(attention=kernel, attention_chunk_size=4)).eval()
+    other.load_state_dict(reference.state_dict())
+    src = ids(2, 11)
+    mask = torch.ones(2, 11, dtype=torch.bool)
+    mask[1, 6:] = False
+    with torch.no_grad():
+        want, maps = reference(src, padding_mask=mask, return_attention=True)
+        torch.testing.assert_close(other(src, padding_mask=mask)[mask], want[mask],
+                                   rtol=1e-5, atol=1e-5)
+    far = torch.ones(11, 11).triu(3).bool() | torch.ones(11, 11).tril(-3).bool()  # |i - j| >= 3
+    assert all(maps.encoder[i][:, :, far].abs().max() == 0 for i in (1, 2, 3))
+    assert maps.encoder[0][:, :, far].abs().max() > 0  # layer 0 is global
+    assert maps.encoder[1][1, :, :, 6:].abs().max() == 0  # padded keys
+
+
+def test_the_local_layers_turn_rope_with_their_own_base():
+    torch.manual_seed(0)
+    own = TransformerEncoder(windowed()).eval()
+    shared = TransformerEncoder(windowed(rope_local_theta=None)).eval()
+    shared.load_state_dict(own.state_dict())
+    src = ids(2, 9)
+    with torch.no_grad():
+        assert (own(src) - shared(src)).abs().max() > 1e-3
+    head_dim = 32 // 4  # theta_1 = base^(-2 / Dh)
+    assert own.encoder.rotary_local.inverse_frequency[1].item() == pytest.approx(100.0 ** -0.25)
+    assert own.encoder.rotary.inverse_frequency[1].item() == pytest.approx(10000.0 ** (-2 / head_dim))
+
+
+def test_first_attention_norm_false_leaves_the_first_layers_attention_input_as_it_is(tmp_path):
+    """ModernBERT: no norm before layer 0's attention (in each stack), the others keep theirs."""
+    config = windowed(first_attention_norm=False)
+    encoder = TransformerEncoder(config)
+    layers = encoder.encoder.layers
+    assert isinstance(layers[0].attention_residual.norm, torch.nn.Identity)
+    assert all(isinstance(layer.attention_residual.norm, torch.nn.LayerNorm) for layer in layers[1:])
+    x = torch.randn(2, 5, 32) * 3 + 1
+    torch.testing.assert_close(layers[0].attention_residual.input(x), x, rtol=0, atol=0)
+    lm = CausalLM(tiny(norm_first=True, first_attention_norm=False, n_encoder_layers=0))
+    assert isinstance(lm.decoder.layers[0].self_attention_residual.norm, torch.nn.Identity)
+    assert isinstance(lm.decoder.layers[1].self_attention_residual.norm, torch.nn.LayerNorm)
+    with pytest.raises(ValueError, match="first_attention_norm=False .* needs norm_first=True"):
+        tiny(first_attention_norm=False)
+    from aiayn import save_pretrained  # families without it refuse to write it
+
+    with pytest.raises(ValueError, match="cannot export as gpt2: it needs first_attention_norm=True"):
+        save_pretrained(lm, tmp_path)
+
+
+def test_modernbert_heads_are_dense_activation_norm_without_dense_biases():
+    """The classifier's pooler + GELU + LayerNorm (``pooler_norm``) and the MLM transform, both
+    without a dense bias (``head_bias=False``), by hand."""
+    config = windowed(pooler=True, pooler_activation="gelu", pooler_norm=True, head_bias=False,
+                      pooling="mean", layer_norm_bias=False)
+    classifier = SequenceClassifier(config).eval()
+    head = classifier.head
+    assert head.pooler.bias is None and head.norm.bias is None
+    pooled = torch.randn(3, 32)
+    want = head.classifier(torch.nn.functional.layer_norm(
+        torch.nn.functional.gelu(pooled @ head.pooler.weight.T), (32,), head.norm.weight,
+        eps=config.layer_norm_eps))
+    torch.testing.assert_close(head(pooled), want)
+    assert MaskedLM(config).head.dense.bias is None
+    assert SequenceClassifier(tiny(pooler=True)).head.norm is None  # BERT's pooler: no norm

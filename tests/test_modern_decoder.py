@@ -453,7 +453,7 @@ def test_the_kv_cache_of_four_times_fewer_kv_heads_is_four_times_smaller():
      "rope_scaling scales rotary positions; positions is 'learned'"),
     (dict(sliding_window=0), "sliding_window must be a positive integer"),
     (dict(sliding_window_layers=[0]), "sliding_window_layers needs a sliding_window"),
-    (dict(sliding_window=4, sliding_window_layers=[2]), r"decoder layer indices in \[0, 2\)"),
+    (dict(sliding_window=4, sliding_window_layers=[2]), r"layer indices in \[0, 2\)"),
     (dict(sliding_window=4, attention="sparse"), "sliding_window masks each query's keys"),
     (dict(rope_local_theta=100.0), "rope_local_theta is the RoPE base of sliding layers"),
     (dict(norm_first=False, sandwich_norm=True), "sandwich_norm .* needs norm_first=True"),

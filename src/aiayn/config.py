@@ -20,7 +20,7 @@ Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 PositionKind = Literal["sinusoidal", "learned", "rotary", "none"]
 SinusoidLayout = Literal["interleaved", "split"]
 Pooling = Literal["first", "mean"]
-PoolerActivation = Literal["tanh", "relu"]
+PoolerActivation = Literal["tanh", "relu", "gelu", "gelu_tanh", "silu"]
 Norm = Literal["layer", "rms"]
 SparsePattern = Literal["local", "strided", "local+strided"]
 
@@ -29,7 +29,7 @@ POSITION_KINDS = ("sinusoidal", "learned", "rotary", "none")
 NORMS = ("layer", "rms")
 SINUSOID_LAYOUTS = ("interleaved", "split")
 POOLINGS = ("first", "mean")
-POOLER_ACTIVATIONS = ("tanh", "relu")
+POOLER_ACTIVATIONS = ("tanh", *ACTIVATIONS)
 SPARSE_PATTERNS = ("local", "strided", "local+strided")
 
 
@@ -59,6 +59,9 @@ class TransformerConfig:
     activation: Activation = "relu"  # paper 3.3: ReLU
     norm_first: bool = False  # False: the paper's post-norm; True: pre-norm (GPT-2)
     final_norm: bool | None = None  # LayerNorm after the last layer; None: same as norm_first
+    # False: each stack's first layer reads its self-attention input un-normalised (pre-norm only;
+    # ModernBERT, whose embedding LayerNorm already normalises it)
+    first_attention_norm: bool = True
     layer_norm_eps: float = 1e-5
     layer_norm_bias: bool = True  # False: LayerNorm with a gain only (nanoGPT with bias=False)
     bias: bool = True  # biases in the attention and FFN projections
@@ -101,9 +104,10 @@ class TransformerConfig:
     # Phi-4-mini: 0.75); the rest pass through unrotated
     rotary_fraction: float = 1.0
     qk_norm: bool = False  # the config's norm over Dh on every head's q and k, before RoPE (Qwen3)
-    # decoder self-attention sees only the last W keys (itself included): Mistral, Qwen, Gemma
+    # self-attention sees only keys less than W positions away (itself included): the last W in the
+    # decoder (Mistral, Qwen, Gemma), the W - 1 on either side in the encoder (ModernBERT)
     sliding_window: int | None = None
-    sliding_window_layers: list[int] | None = None  # the decoder layers that slide; None: all
+    sliding_window_layers: list[int] | None = None  # the layers that slide (of each stack); None: all
     rope_local_theta: float | None = None  # sliding layers' RoPE base, never scaled (Gemma 3: 1e4)
     sandwich_norm: bool = False  # pre-norm plus a norm on each sub-layer's output (Gemma 2, 3)
     # Soft-capping (Gemma 2): scores or logits x -> c * tanh(x / c), bounded by c; None: off
@@ -124,6 +128,8 @@ class TransformerConfig:
     pooling: Pooling = "first"  # "first": the first ([CLS]) token; "mean": mean over real tokens
     pooler: bool = False  # a dense layer + pooler_activation on the pooled vector (BERT's pooler)
     pooler_activation: PoolerActivation = "tanh"  # BERT's tanh; DistilBERT's pre_classifier: relu
+    pooler_norm: bool = False  # the config's norm after the pooler's activation (ModernBERT's head)
+    head_bias: bool = True  # biases on the pooler and the MLM transform's dense layers
     mlm_transform: bool = True  # BERT's dense + activation + LayerNorm before the MLM projection
 
     # --- images: the Vision Transformer (Dosovitskiy et al. 2021); text models ignore these -------
@@ -238,16 +244,20 @@ class TransformerConfig:
             raise ValueError(f"attention_softcap transforms every attention score, which only "
                              f"attention='reference' writes out; got attention="
                              f"{self.attention!r}")
+        if not self.first_attention_norm and not self.norm_first:
+            raise ValueError("first_attention_norm=False drops the norm before the first layer's "
+                             "self-attention, which only pre-norm has: it needs norm_first=True")
         if self.sandwich_norm and not self.norm_first:
             raise ValueError("sandwich_norm adds a norm after each sub-layer of a pre-norm block: "
                              "it needs norm_first=True")
         if layers is not None:
             if window is None:
                 raise ValueError("sliding_window_layers needs a sliding_window")
-            if not isinstance(layers, list) or not all(
-                    _is_count(i, zero=True) and i < self.n_decoder_layers for i in layers):
-                raise ValueError(f"sliding_window_layers must be a list of decoder layer indices "
-                                 f"in [0, {self.n_decoder_layers}), got {layers!r}")
+            n = max(self.n_encoder_layers, self.n_decoder_layers)
+            if not isinstance(layers, list) or not all(_is_count(i, zero=True) and i < n
+                                                       for i in layers):
+                raise ValueError(f"sliding_window_layers must be a list of layer indices in "
+                                 f"[0, {n}) (of the encoder or decoder), got {layers!r}")
         self._validate_rotary()
 
     def _validate_rotary(self) -> None:

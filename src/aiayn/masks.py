@@ -7,7 +7,9 @@ to (B, H, T, S); the models build them as
     key padding   (B, 1, 1, S)  from a padding mask (B, S) with True = real token,
     causal        (T, S)        right-aligned: query i sits at absolute position S - T + i,
     window        (T, S)        a sliding window of W: query i sees the W - 1 keys before it and
-                                itself, no further back (Mistral; Beltagy et al. 2020's local band).
+                                itself, no further back (Mistral; Beltagy et al. 2020's local band),
+    band          (S, S)        the encoder's bidirectional window of W: the W - 1 keys on either
+                                side and itself (ModernBERT's local attention).
 
 Right alignment is what decoding with a cache needs: T new queries follow S - T cached keys. (SDPA's
 ``is_causal=True`` is top-left aligned, which is only right when T == S.) A query row with no allowed key
@@ -57,6 +59,14 @@ def window_mask(query_slots: Tensor, key_length: int, window: int) -> Tensor:
     contiguous run (right-aligned, as ``causal_mask``), or a fixed-shape step's slot."""
     keys = torch.arange(key_length, device=query_slots.device)  # (S,)
     return query_slots[:, None] - keys[None, :] < window  # (T, S)
+
+
+def band_mask(length: int, window: int, device: torch.device | str | None = None) -> Tensor:
+    """(S, S) bidirectional band: query i may attend key j iff |i - j| < ``window`` (the encoder's
+    sliding window; ModernBERT's local attention of ``local_attention`` keys is ``window`` =
+    local_attention // 2 + 1)."""
+    positions = torch.arange(length, device=device)  # (S,)
+    return (positions[:, None] - positions[None, :]).abs() < window  # (S, S)
 
 
 def key_padding_to_attention(padding_mask: Tensor) -> Tensor:

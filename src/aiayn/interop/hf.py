@@ -10,6 +10,8 @@ Families (one module each, each with an explicit parameter-name map):
     roberta, xlm-roberta     RobertaModel / RobertaForMaskedLM /            as BERT (positions offset
                              RobertaForSequenceClassification (and          past the padding id)
                              the XLMRoberta classes)
+    modernbert               ModernBertModel / ModernBertForMaskedLM /      as BERT (pre-norm, rotary,
+                             ModernBertForSequenceClassification            GeGLU, local layers)
     gpt2                     GPT2Model / GPT2LMHeadModel                    CausalLM
     llama                    LlamaModel / LlamaForCausalLM                  CausalLM (rotary positions)
     mistral, qwen2, qwen3    MistralForCausalLM / Qwen2ForCausalLM /        CausalLM (as Llama, with
@@ -44,21 +46,22 @@ from torch import nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop import (hf_bert, hf_distilbert, hf_gemma, hf_gpt2, hf_llama, hf_marian,
-                           hf_phi3, hf_roberta, hf_t5, hf_vit)
+                           hf_modernbert, hf_phi3, hf_roberta, hf_t5, hf_vit)
 from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, export_state, load_state, read_checkpoint,
                                      read_config, write_checkpoint)
 
 # Saving takes the first family that ``matches`` the model: the specific before the general
 # (hf_distilbert loads only: it matches no model; hf_phi3 matches what hf_llama matches, so it
 # writes only when ``save_pretrained`` is asked for its model_type).
-FAMILIES = (hf_roberta, hf_bert, hf_distilbert, hf_gemma, hf_llama, hf_phi3, hf_gpt2, hf_t5,
-            hf_marian, hf_vit)
+FAMILIES = (hf_modernbert, hf_roberta, hf_bert, hf_distilbert, hf_gemma, hf_llama, hf_phi3,
+            hf_gpt2, hf_t5, hf_marian, hf_vit)
 # Families whose HF classes have only the paper's blocks (no RMSNorm, gated FFN, grouped-query
 # attention, head width of its own, relative bias or extra scales): ``PAPER_BLOCKS`` must hold.
 PAPER_FAMILIES = (hf_roberta, hf_bert, hf_gpt2, hf_marian, hf_vit)
 PAPER_BLOCKS = dict(norm="layer", layer_norm_bias=True, gated_ffn=False, d_head=None,
                     n_kv_heads=None, relative_attention_buckets=0, scale_attention=True,
-                    attention_scale=None, scale_output=False)
+                    attention_scale=None, scale_output=False, sliding_window=None,
+                    first_attention_norm=True)
 TASKS = ("encoder", "masked_lm", "classification", "causal_lm", "seq2seq")
 
 
@@ -163,7 +166,8 @@ def from_transformers(hf_model: nn.Module, *, task: str | None = None,
 def save_pretrained(model: nn.Module, path: str | Path, *, model_type: str | None = None) -> Path:
     """Write an aiayn model as an HF checkpoint directory (config.json + model.safetensors).
 
-    ``TransformerEncoder``/``MaskedLM``/``SequenceClassifier`` are written as BERT, ``CausalLM`` as
+    ``TransformerEncoder``/``MaskedLM``/``SequenceClassifier`` are written as BERT (as RoBERTa with
+    an offset position table, as ModernBERT with rotary positions), ``CausalLM`` as
     ``LlamaForCausalLM`` (rotary positions) or ``GPT2LMHeadModel``, ``Transformer`` as
     ``T5ForConditionalGeneration`` (a relative position bias), ``MarianMTModel`` (sinusoidal
     "split" positions) or ``BartForConditionalGeneration`` (learned positions with offset 2 and

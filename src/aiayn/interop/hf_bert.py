@@ -246,9 +246,9 @@ def check_exportable(config: TransformerConfig, model: nn.Module, *,
     ``position_offset``)."""
     required = dict(norm_first=False, final_norm=False, positions="learned",
                     position_offset=position_offset,
-                    scale_embeddings=False, embedding_norm=True, bias=True)
+                    scale_embeddings=False, embedding_norm=True, bias=True, head_bias=True)
     if isinstance(model, SequenceClassifier):
-        required.update(pooler=True, pooler_activation="tanh", pooling="first")
+        required.update(pooler=True, pooler_activation="tanh", pooler_norm=False, pooling="first")
     if isinstance(model, MaskedLM):
         required.update(mlm_transform=True, output_bias=True)
     require_fields(config, required, family)

@@ -238,7 +238,7 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
                     gated_ffn=True, activation="gelu_tanh", qk_norm=generation.qk_norm,
                     bias=False, qkv_bias=None, scale_embeddings=True, embedding_norm=False,
                     type_vocab_size=0, output_bias=False, relative_attention_buckets=0,
-                    scale_attention=True, scale_output=False)
+                    scale_attention=True, scale_output=False, first_attention_norm=True)
     if model_type == "gemma3_text":
         required.update(attention_softcap=None, logit_softcap=None)
     if model_type == "gemma":  # Gemma's scores are always scaled by Dh^-1/2

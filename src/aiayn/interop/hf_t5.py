@@ -172,7 +172,8 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
     required = dict(norm="rms", norm_first=True, final_norm=True, bias=False, positions="none",
                     scale_embeddings=False, embedding_norm=False, type_vocab_size=0,
                     scale_attention=False, tie_source_target=True, output_bias=False,
-                    attention_dropout=config.dropout, activation_dropout=config.dropout)
+                    attention_dropout=config.dropout, activation_dropout=config.dropout,
+                    sliding_window=None, first_attention_norm=True)
     require_fields(config, required, "T5")
     if config.kv_heads != config.n_heads:
         raise ValueError(f"cannot export as T5: T5 has one key/value head per query head, the model "

@@ -55,20 +55,29 @@ def pool(hidden: Tensor, padding_mask: Tensor | None, how: str) -> Tensor:
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
 
+POOLER_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU,
+                      "gelu_tanh": lambda: nn.GELU(approximate="tanh")}
+
+
 class ClassificationHead(nn.Module):
-    """Pooled (B, D) -> class logits (B, C), with an optional dense "pooler" and its activation:
-    BERT's dense + tanh, DistilBERT's ``pre_classifier`` + ReLU (``config.pooler_activation``)."""
+    """Pooled (B, D) -> class logits (B, C), with an optional dense "pooler", its activation and a
+    norm: BERT's dense + tanh, DistilBERT's ``pre_classifier`` + ReLU (``config.pooler_activation``),
+    ModernBERT's dense + GELU + LayerNorm (``config.pooler_norm``; the MLM transform's shape)."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.pooler = nn.Linear(config.d_model, config.d_model) if config.pooler else None
-        self.activation = nn.ReLU() if config.pooler_activation == "relu" else nn.Tanh()
+        self.pooler = (nn.Linear(config.d_model, config.d_model, bias=config.head_bias)
+                       if config.pooler else None)
+        self.activation = POOLER_ACTIVATIONS[config.pooler_activation]()
+        self.norm = layer_norm(config) if config.pooler and config.pooler_norm else None
         self.dropout = nn.Dropout(config.dropout)
         self.classifier = nn.Linear(config.d_model, config.num_labels)
 
     def forward(self, pooled: Tensor) -> Tensor:
         if self.pooler is not None:
-            pooled = self.activation(self.pooler(pooled))
+            pooled = self.activation(self.pooler(pooled))  # (B, D)
+        if self.norm is not None:
+            pooled = self.norm(pooled)
         return self.classifier(self.dropout(pooled))
 
 
@@ -78,7 +87,7 @@ class MaskedLMHead(nn.Module):
     def __init__(self, config: TransformerConfig, embedding: nn.Embedding):
         super().__init__()
         if config.mlm_transform:
-            self.dense = nn.Linear(config.d_model, config.d_model)
+            self.dense = nn.Linear(config.d_model, config.d_model, bias=config.head_bias)
             self.activation = activation_function(config.activation)
             self.norm = layer_norm(config)
         else:

@@ -30,11 +30,13 @@ class Residual(nn.Module):
     A layer calls ``input(x)`` to get what the sub-layer reads and ``add(x, out)`` with what it wrote.
     With ``sandwich_norm`` (pre-norm only; Gemma 2 and 3) the sub-layer's output is normalised too,
     by a norm of its own, before the sum: x + Dropout(post_norm(Sublayer(norm(x)))).
+    ``norm=False`` (pre-norm only): the sub-layer reads x as it is (ModernBERT's first attention,
+    ``config.first_attention_norm``).
     """
 
-    def __init__(self, config: TransformerConfig):
+    def __init__(self, config: TransformerConfig, *, norm: bool = True):
         super().__init__()
-        self.norm = layer_norm(config)
+        self.norm = layer_norm(config) if norm else nn.Identity()
         self.post_norm = layer_norm(config) if config.sandwich_norm else None
         self.dropout = nn.Dropout(config.dropout)
         self.norm_first = config.norm_first
@@ -80,12 +82,13 @@ def make_feedforward(config: TransformerConfig) -> FeedForward | GatedFeedForwar
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention then FFN, each wrapped in a Residual."""
+    """Self-attention then FFN, each wrapped in a Residual. ``first``: the stack's first layer,
+    whose attention input is not normalised unless ``config.first_attention_norm``."""
 
-    def __init__(self, config: TransformerConfig):
+    def __init__(self, config: TransformerConfig, *, first: bool = False):
         super().__init__()
         self.self_attention = make_self_attention(config)
-        self.attention_residual = Residual(config)
+        self.attention_residual = Residual(config, norm=config.first_attention_norm or not first)
         self.feedforward = make_feedforward(config)
         self.feedforward_residual = Residual(config)
 
@@ -103,12 +106,15 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Causal self-attention, cross-attention (unless decoder-only), FFN; each in a Residual."""
+    """Causal self-attention, cross-attention (unless decoder-only), FFN; each in a Residual.
+    ``first``: as ``EncoderLayer``'s."""
 
-    def __init__(self, config: TransformerConfig, *, cross_attention: bool = True):
+    def __init__(self, config: TransformerConfig, *, cross_attention: bool = True,
+                 first: bool = False):
         super().__init__()
         self.self_attention = make_self_attention(config)
-        self.self_attention_residual = Residual(config)
+        self.self_attention_residual = Residual(config,
+                                                norm=config.first_attention_norm or not first)
         if cross_attention:
             self.cross_attention = make_cross_attention(config)
             self.cross_attention_residual = Residual(config)

@@ -19,7 +19,7 @@ from aiayn.nn.attention.cache import DecoderCache
 from aiayn.config import TransformerConfig
 from aiayn.nn.embedding import Embeddings
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
-from aiayn.masks import check_padding_mask, key_padding_to_attention, window_mask
+from aiayn.masks import band_mask, check_padding_mask, key_padding_to_attention, window_mask
 from aiayn.nn.norms import layer_norm
 from aiayn.nn.relative_bias import RelativePositionBias
 from aiayn.nn.rotary import RotaryEmbedding, Rotation
@@ -88,6 +88,13 @@ def make_rotary(config: TransformerConfig, *, local: bool = False) -> RotaryEmbe
                            config.rope_scaling)
 
 
+def sliding_layers(config: TransformerConfig, layers: int) -> list[bool]:
+    """Whether each of a stack's ``layers`` layers slides (``sliding_window_layers``; None: all)."""
+    chosen = config.sliding_window_layers
+    return [config.sliding_window is not None and (chosen is None or index in chosen)
+            for index in range(layers)]
+
+
 def make_position_bias(config: TransformerConfig, *, bidirectional: bool
                        ) -> RelativePositionBias | None:
     if not config.relative_attention_buckets:
@@ -101,16 +108,22 @@ class Encoder(nn.Module):
     """Token ids (B, S) -> hidden states (B, S, D).
 
     ``tokens=None``: no embeddings; the caller embeds its inputs (the Vision Transformer's patches)
-    and calls ``forward_embedded``.
+    and calls ``forward_embedded``. With ``config.sliding_window`` W the sliding layers (ModernBERT's
+    local attention) see only the keys less than W positions away on either side, with the RoPE
+    base of their own (``rope_local_theta``) when the config gives one.
     """
 
     def __init__(self, config: TransformerConfig, tokens: nn.Embedding | None):
         super().__init__()
         self.embeddings = Embeddings(config, tokens) if tokens is not None else None
         self.rotary = make_rotary(config)
+        self.rotary_local = make_rotary(config, local=True)  # the sliding layers' own, or None
         self.position_bias = make_position_bias(config, bidirectional=True)
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
+        self.layers = nn.ModuleList(EncoderLayer(config, first=index == 0)
+                                    for index in range(config.n_encoder_layers))
         self.norm = final_norm(config)
+        self.window = config.sliding_window
+        self.sliding = sliding_layers(config, config.n_encoder_layers)
 
     def forward(self, ids: Tensor, padding_mask: Tensor | None = None, *,
                 token_types: Tensor | None = None, need_weights: bool = False
@@ -136,14 +149,22 @@ class Encoder(nn.Module):
         ``mask`` broadcasts to (B, H, S, S) (e.g. ``key_padding_to_attention(padding_mask)``).
         """
         length = x.shape[1]
-        rotation = None
+        rotation = local_rotation = None
         if self.rotary is not None:
-            rotation = self.rotary(torch.arange(length, device=x.device))  # (S, Dh) x 2
+            positions = torch.arange(length, device=x.device)  # (S,)
+            rotation = local_rotation = self.rotary(positions)  # (S, Dh) x 2
+            if self.rotary_local is not None:
+                local_rotation = self.rotary_local(positions)
         bias = None if self.position_bias is None else self.position_bias(length, length)
+        sliding_mask = mask
+        if any(self.sliding) and length > self.window:  # else no key is W or more away
+            band = band_mask(length, self.window, x.device)  # (S, S)
+            sliding_mask = band if mask is None else mask & band  # (B, 1, S, S)
         weights = []
-        for layer in self.layers:
-            x, layer_weights = layer(x, mask, rotation=rotation, position_bias=bias,
-                                     need_weights=need_weights)
+        for layer, sliding in zip(self.layers, self.sliding):
+            x, layer_weights = layer(x, sliding_mask if sliding else mask,
+                                     rotation=local_rotation if sliding else rotation,
+                                     position_bias=bias, need_weights=need_weights)
             if need_weights:
                 weights.append(layer_weights)
         if self.norm is not None:
@@ -160,15 +181,14 @@ class Decoder(nn.Module):
         self.rotary = make_rotary(config)
         self.rotary_local = make_rotary(config, local=True)  # the sliding layers' own, or None
         self.position_bias = make_position_bias(config, bidirectional=False)
-        self.layers = nn.ModuleList(DecoderLayer(config, cross_attention=cross_attention)
-                                    for _ in range(config.n_decoder_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, cross_attention=cross_attention,
+                                                 first=index == 0)
+                                    for index in range(config.n_decoder_layers))
         self.norm = final_norm(config)
         self.cross_attention = cross_attention
         self.max_length = config.max_length
         self.window = config.sliding_window  # sliding layers see only the last `window` keys
-        layers = config.sliding_window_layers
-        self.sliding = [self.window is not None and (layers is None or index in layers)
-                        for index in range(config.n_decoder_layers)]
+        self.sliding = sliding_layers(config, config.n_decoder_layers)
 
     def new_cache(self, batch: int, max_length: int | None = None, *,
                   device: torch.device | str | None = None,
