@@ -47,8 +47,9 @@ from torch import nn
 from aiayn.config import TransformerConfig
 from aiayn.interop import (hf_bert, hf_distilbert, hf_gemma, hf_gpt2, hf_llama, hf_marian,
                            hf_modernbert, hf_phi3, hf_roberta, hf_t5, hf_vit)
-from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, export_state, load_state, read_checkpoint,
-                                     read_config, write_checkpoint)
+from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, load_state, read_checkpoint,
+                                     read_config)
+from aiayn.interop.hf_export import export_state, write_checkpoint
 
 # Saving takes the first family that ``matches`` the model: the specific before the general
 # (hf_distilbert loads only: it matches no model; hf_phi3 matches what hf_llama matches, so it

@@ -1,4 +1,5 @@
-"""Hugging Face checkpoint directories: reading them, writing them, and the parameter-name maps.
+"""Hugging Face checkpoint directories: reading them, and the parameter-name maps (writing:
+``aiayn.interop.hf_export``).
 
 A checkpoint directory holds ``config.json`` and the weights as ``model.safetensors`` (or shards listed in
 ``model.safetensors.index.json``, or a legacy ``pytorch_model.bin`` read with ``weights_only=True``).
@@ -6,8 +7,9 @@ Nothing here imports ``transformers``: the files are read directly.
 
 A family (BERT, GPT-2, Marian/BART) describes its weights as a list of ``Rule``s, one per aiayn
 parameter, with ``{}`` standing for the layer index (torchtune's ``convert_weights`` style). The same
-rules load (HF -> aiayn) and export (aiayn -> HF). Loading is strict: every checkpoint key is used or
-explicitly ignored, every aiayn parameter is filled (or explicitly new), and every shape is checked.
+rules load (HF -> aiayn, here) and export (aiayn -> HF, ``hf_export``). Loading is strict: every
+checkpoint key is used or explicitly ignored, every aiayn parameter is filled (or explicitly new),
+and every shape is checked.
 
 Legend: D model width, V vocabulary.
 """
@@ -15,9 +17,7 @@ Legend: D model width, V vocabulary.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -264,16 +264,6 @@ def _from_layout(value: Tensor, layout: str) -> Tensor:
     return value
 
 
-def _to_layout(value: Tensor, layout: str) -> Tensor:
-    if layout == "transpose":
-        return value.t()
-    if layout == "row":
-        return value.reshape(1, -1)
-    if layout == "plus_one":  # back to w = gain - 1
-        return value.float() - 1.0
-    return value
-
-
 def load_state(model: nn.Module, checkpoint: Checkpoint, name_map: NameMap) -> None:
     """Copy a checkpoint's tensors into ``model`` through ``name_map``; strict in both directions.
 
@@ -344,7 +334,7 @@ def load_state(model: nn.Module, checkpoint: Checkpoint, name_map: NameMap) -> N
                          f"{unfilled}")
 
 
-def _tiled_rows(ranges: list[tuple[int, int]]) -> int | None:
+def tiled_rows(ranges: list[tuple[int, int]]) -> int | None:
     """The rows that row ranges [start, stop) cover when, sorted, they run on from row 0
     without gaps or overlaps; else None."""
     covered = 0
@@ -359,70 +349,10 @@ def _check_rows(checkpoint: Checkpoint, key: str, rows: int,
                 blocks: list[tuple[int, int, str]]) -> None:
     """The blocks that rules take from a fused tensor of ``rows`` rows tile it, without gaps."""
     blocks = sorted(blocks)
-    if _tiled_rows([(start, stop) for start, stop, _ in blocks]) != rows:
+    if tiled_rows([(start, stop) for start, stop, _ in blocks]) != rows:
         taken = ", ".join(f"{target!r} rows {start}:{stop}" for start, stop, target in blocks)
         raise ValueError(f"{checkpoint.file_of(key)}: {key!r} has {rows} rows, but aiayn takes "
                          f"{taken} (does config.json match the weights?)")
-
-
-def export_state(model: nn.Module, name_map: NameMap) -> dict[str, Tensor]:
-    """The HF state dict of ``model`` (inverse of ``load_state``); each tie group under its first key."""
-    parameters = dict(model.named_parameters(remove_duplicate=False))
-    state: dict[str, Tensor] = {}
-    fused: dict[str, list[tuple[tuple[int, int], Tensor]]] = {}  # key -> its blocks (``rows``)
-    for rule in name_map.expanded():
-        value = parameters[rule.target].detach()
-        if rule.rows is not None:
-            fused.setdefault(rule.sources[0], []).append((rule.rows,
-                                                          _to_layout(value, rule.layout)))
-            continue
-        if rule.sizes is not None:
-            parts = value.split(rule.sizes, dim=0)
-        else:
-            parts = value.chunk(len(rule.sources), dim=0) if len(rule.sources) > 1 else (value,)
-        for key, part in zip(rule.sources, parts):
-            tensor = _to_layout(part, rule.layout).contiguous().clone()
-            if key in state and not torch.equal(state[key], tensor):
-                raise ValueError(f"name map error: two different tensors for HF key {key!r}")
-            state[key] = tensor
-    for key, blocks in fused.items():
-        blocks.sort(key=lambda block: block[0])
-        if _tiled_rows([rows for rows, _ in blocks]) is None or any(
-                len(part) != stop - start for (start, stop), part in blocks):
-            raise ValueError(f"name map error: the blocks of HF key {key!r} do not tile it "
-                             f"({[rows for rows, _ in blocks]})")
-        state[key] = torch.cat([part for _, part in blocks], dim=0).contiguous().clone()
-    return state
-
-
-# --- writing -------------------------------------------------------------------------------------
-def _atomic_write(path: Path, write) -> None:
-    """Write through a temporary file in the same directory, fsync, rename: never half-written."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        write(temporary)
-        with open(temporary, "rb") as stream:
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
-def write_checkpoint(directory: str | Path, config: dict[str, Any],
-                     tensors: dict[str, Tensor]) -> None:
-    """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created if needed)."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    _atomic_write(directory / SAFETENSORS_FILE,
-                  lambda path: save_file(tensors, path, metadata={"format": "pt"}))
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    _atomic_write(directory / CONFIG_FILE,
-                  lambda path: Path(path).write_text(text, encoding="utf-8"))
 
 
 def require(config: dict[str, Any], key: str, source: Path, kind: type | tuple = int) -> Any:
