@@ -280,6 +280,21 @@ def test_modern_generation_compares_qwen_and_gemma_shapes_with_hf(tmp_path):
         assert row["aiayn_tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0 and row["ratio"] > 0
 
 
+def test_modernbert_inference_times_both_sides_on_full_and_padded_rows(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "ModernBertModel"):
+        pytest.skip(f"transformers {transformers.__version__} has no ModernBertModel")
+    out = tmp_path / "modernbert.json"
+    _run(tmp_path, "modernbert_inference.py", "--layers", "1", "--rounds", "1", "--out", str(out))
+    result = _read_json(out)
+    assert "--layers 1" in result["command"] and result["torch"] and result["transformers"]
+    assert [row["benchmark"] for row in result["rows"]] == ["ModernBERT inference",
+                                                            "ModernBERT inference (padded)"]
+    for row in result["rows"]:
+        assert row["max_abs_difference"] < 1e-3 and row["peer"] == "hf-modernbert-sdpa"
+        assert row["ours_value"] > 0 and row["peer_value"] > 0 and row["ratio"] > 0
+
+
 # --- quality against classic baselines ----------------------------------------------------------
 def test_classification_tfidf_baseline_against_a_run(tmp_path):
     pytest.importorskip("sklearn")

@@ -1,0 +1,107 @@
+"""ModernBERT inference on the CPU: aiayn's encoder (loaded from the checkpoint) vs transformers'
+``ModernBertModel``, as its docs recommend on a CPU (``attn_implementation="sdpa"``).
+
+ModernBERT-base's block (d_model 768, 12 heads, d_ff 1152, GeGLU, bias-free pre-norm, RoPE with
+bases 160,000 / 10,000, every third layer global, the others a local window of 128 keys), 6 of its
+22 layers, vocabulary 50368, random weights (transformers builds the model from its config; aiayn
+loads it through ``aiayn.interop.hf.from_transformers``); batch 8 x 512 tokens, so the local
+layers' band masks 3/4 of the keys. Two inputs: full-length rows (no mask) and a padded batch
+(lengths 384..512) with its attention mask on both sides. float32, 2 threads, inference mode;
+medians of alternating rounds after a warm-up. The outputs are checked to agree first.
+
+    python3 benchmarks/modernbert_inference.py --out benchmarks/results/modernbert_inference.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from common import alternate, cpu_name, save_results, setup
+
+LAYERS, LENGTH, BATCH = 6, 512, 8
+
+
+def hf_modernbert(layers: int):
+    import transformers
+
+    config = transformers.ModernBertConfig(num_hidden_layers=layers, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.ModernBertModel(config).eval()
+
+
+def inputs(padded: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ids (B, T) and the padding mask (B, T), True = real token (None: full rows)."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 50_000, (BATCH, LENGTH), generator=generator)
+    if not padded:
+        return ids, None
+    lengths = torch.randint(LENGTH * 3 // 4, LENGTH + 1, (BATCH,), generator=generator)
+    lengths[0] = LENGTH * 3 // 4
+    mask = torch.arange(LENGTH) < lengths[:, None]  # (B, T)
+    return ids.masked_fill(~mask, 50283), mask  # ModernBERT's pad id
+
+
+def build_sides(hf, padded: bool) -> dict:
+    from aiayn.interop.hf import from_transformers
+
+    ours = from_transformers(hf).eval()
+    ids, mask = inputs(padded)
+    hf_mask = None if mask is None else mask.long()
+
+    def aiayn_call():
+        with torch.inference_mode():
+            return ours(ids, padding_mask=mask)
+
+    def hf_call():
+        with torch.inference_mode():
+            return hf(input_ids=ids, attention_mask=hf_mask).last_hidden_state
+
+    real = torch.ones(BATCH, LENGTH, dtype=torch.bool) if mask is None else mask
+    return {"aiayn": aiayn_call, "hf": hf_call}, real
+
+
+def run(*, rounds: int, layers: int) -> list[dict]:
+    setup()
+    hf = hf_modernbert(layers)
+    rows = []
+    for padded in (False, True):
+        sides, real = build_sides(hf, padded)
+        difference = (sides["aiayn"]() - sides["hf"]())[real].abs().max().item()
+        assert difference < 1e-3, f"aiayn and ModernBERT differ by {difference} at real positions"
+        timing = alternate(sides, rounds=rounds, warmup=2)
+        tokens = BATCH * LENGTH
+        rows.append(dict(benchmark="ModernBERT inference" + (" (padded)" if padded else ""),
+                         shape=f"d768 L{layers} T{LENGTH} B{BATCH}", ours="aiayn",
+                         peer="hf-modernbert-sdpa", metric="tokens/s",
+                         ours_value=tokens / timing.median("aiayn"),
+                         peer_value=tokens / timing.median("hf"),
+                         ratio=timing.median("hf") / timing.median("aiayn"),
+                         max_abs_difference=difference))
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=LAYERS)
+    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    rows = run(rounds=args.rounds, layers=args.layers)
+    for row in rows:
+        print(f"{row['benchmark']:<30} {row['ours_value']:8.0f} vs {row['peer_value']:8.0f} "
+              f"tokens/s  ratio {row['ratio']:.3f}  (max |diff| {row['max_abs_difference']:.1e})")
+    if args.out is not None:
+        import transformers
+
+        command = "python3 benchmarks/modernbert_inference.py " + " ".join(argv)
+        save_results(args.out, dict(command=command.strip(), cpu=cpu_name(),
+                                    torch=torch.__version__,
+                                    transformers=transformers.__version__, rows=rows))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
