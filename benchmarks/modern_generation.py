@@ -7,7 +7,13 @@ a 16-token prompt and ``--new`` new tokens, greedy, no end token:
   vocabulary 151,936 tied, RoPE base 1e6 (``Qwen2ForCausalLM``);
 - Gemma-3-1B: D 1152, 26 layers, 4 query heads of width 256 / 1 key-value head, GEGLU F 6912,
   sandwich norms, QK-norm, vocabulary 262,144 tied, 5 of 6 layers sliding with a window of 512
-  (``Gemma3ForCausalLM``).
+  (``Gemma3ForCausalLM``);
+- on request (``--shapes gemma-2-2b``), Gemma-2-2B: D 2304, 26 layers, 8 query / 4 key-value heads
+  of width 256, GEGLU F 9216, sandwich norms, every other layer sliding (4096), scores and logits
+  soft-capped (50, 30), vocabulary 256,000 tied (``Gemma2ForCausalLM``). In float32 it needs
+  10 GB a side: ``--layers N`` keeps the first N layers at the published widths. transformers
+  soft-caps only in its eager attention (SDPA would drop the cap), so that side runs eager, as
+  its docs say for Gemma 2; aiayn's soft-capping kernel is the reference one (eq. 1 written out).
 
 The aiayn side is ``aiayn.from_pretrained``'s model (``from_transformers``: the same weights) and
 ``aiayn.decoding.generation.generate``; HF runs ``generate`` on SDPA attention, as its docs
@@ -16,6 +22,8 @@ aiayn's tokens/s over HF's. On a CPU both are bound by reading the weights once 
 (2 GB for Qwen, 4 GB for Gemma in float32).
 
     python3 benchmarks/modern_generation.py --out benchmarks/results/modern_generation.json
+    python3 benchmarks/modern_generation.py --shapes gemma-2-2b --layers 8 \
+        --out benchmarks/results/modern_generation_gemma2.json
 """
 
 from __future__ import annotations
@@ -36,6 +44,14 @@ SHAPES = {
         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
         tie_word_embeddings=True, use_sliding_window=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    # transformers runs Gemma 2's soft-capped scores only in its eager attention (SDPA drops the
+    # cap), as its docs say to; aiayn in its reference kernel, the one that soft-caps
+    "gemma-2-2b": dict(config="Gemma2Config", model="Gemma2ForCausalLM", attention="eager",
+                       fields=dict(
+        vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256,
+        sliding_window=4096, max_position_embeddings=8192, tie_word_embeddings=True,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
     "gemma-3-1b": dict(config="Gemma3TextConfig", model="Gemma3ForCausalLM", fields=dict(
         vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
         num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
@@ -43,12 +59,18 @@ SHAPES = {
 }
 
 
-def build(shape: str, scale: float):
-    """The HF model of ``shape`` (``scale`` < 1 shrinks widths and depth, for the tests)."""
+DEFAULT_SHAPES = ["qwen2.5-0.5b", "gemma-3-1b"]  # Gemma 2 on request: 10 GB a side in float32
+
+
+def build(shape: str, scale: float, layers: int | None = None):
+    """The HF model of ``shape`` (``scale`` < 1 shrinks widths and depth, for the tests; ``layers``
+    keeps the first ``layers`` layers, the widths as published)."""
     import transformers
 
     spec = SHAPES[shape]
     fields = dict(spec["fields"])
+    if layers is not None:
+        fields["num_hidden_layers"] = layers
     if scale < 1:
         for name in ("hidden_size", "intermediate_size", "vocab_size"):
             fields[name] = max(64, int(fields[name] * scale) // 64 * 64)
@@ -60,17 +82,19 @@ def build(shape: str, scale: float):
     config = getattr(transformers, spec["config"])(**fields, bos_token_id=0, eos_token_id=0,
                                                    pad_token_id=0)
     torch.manual_seed(0)
-    model = getattr(transformers, spec["model"])._from_config(config, attn_implementation="sdpa")
+    model = getattr(transformers, spec["model"])._from_config(
+        config, attn_implementation=spec.get("attention", "sdpa"))
     return model.eval()
 
 
-def run(shapes: list[str], *, new: int, rounds: int, scale: float) -> list[dict]:
+def run(shapes: list[str], *, new: int, rounds: int, scale: float,
+        layers: int | None = None) -> list[dict]:
     from aiayn.decoding.generation import generate
     from aiayn.interop.hf import from_transformers
 
     rows = []
     for shape in shapes:
-        hf = build(shape, scale)
+        hf = build(shape, scale, layers)
         ours = from_transformers(hf)
         prompt = torch.randint(1, hf.config.vocab_size, (1, PROMPT),
                                generator=torch.Generator().manual_seed(0))
@@ -89,7 +113,8 @@ def run(shapes: list[str], *, new: int, rounds: int, scale: float) -> list[dict]
         began = time.perf_counter()
         timing = alternate({"aiayn": aiayn_side, "hf": hf_side}, rounds=rounds, warmup=0)
         parameters = sum(p.numel() for p in hf.parameters())
-        row = dict(shape=shape, parameters=parameters, new_tokens=new, same_tokens=same,
+        row = dict(shape=shape, layers=hf.config.num_hidden_layers, parameters=parameters,
+                   new_tokens=new, same_tokens=same,
                    aiayn_tokens_per_s=new / timing.median("aiayn"),
                    hf_tokens_per_s=new / timing.median("hf"),
                    ratio=timing.median("hf") / timing.median("aiayn"),
@@ -104,15 +129,18 @@ def run(shapes: list[str], *, new: int, rounds: int, scale: float) -> list[dict]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=DEFAULT_SHAPES)
     parser.add_argument("--new", type=int, default=32, help="new tokens per generation")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0,
                         help="shrink the shapes (tests); 1: the published sizes")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="keep only the first N layers (widths as published; memory)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     setup()
-    rows = run(args.shapes, new=args.new, rounds=args.rounds, scale=args.scale)
+    rows = run(args.shapes, new=args.new, rounds=args.rounds, scale=args.scale,
+               layers=args.layers)
     if args.out:
         import transformers
 

@@ -275,7 +275,11 @@ def test_modern_generation_compares_qwen_and_gemma_shapes_with_hf(tmp_path):
     result = _read_json(out)
     assert "--scale 0.05" in result["command"] and result["torch"] and result["transformers"]
     assert [row["shape"] for row in result["rows"]] == ["qwen2.5-0.5b", "gemma-3-1b"]
-    for row in result["rows"]:
+    _run(tmp_path, "modern_generation.py", "--shapes", "gemma-2-2b", "--layers", "2", "--scale",
+         "0.05", "--new", "4", "--rounds", "1", "--out", str(tmp_path / "gemma2.json"))
+    gemma2 = _read_json(tmp_path / "gemma2.json")["rows"]
+    assert [(row["shape"], row["layers"]) for row in gemma2] == [("gemma-2-2b", 2)]
+    for row in result["rows"] + gemma2:
         assert row["same_tokens"] is True
         assert row["aiayn_tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0 and row["ratio"] > 0
 
