@@ -128,7 +128,7 @@ class TransformerConfig:
     pooling: Pooling = "first"  # "first": the first ([CLS]) token; "mean": mean over real tokens
     pooler: bool = False  # a dense layer + pooler_activation on the pooled vector (BERT's pooler)
     pooler_activation: PoolerActivation = "tanh"  # BERT's tanh; DistilBERT's pre_classifier: relu
-    pooler_norm: bool = False  # the config's norm after the pooler's activation (ModernBERT's head)
+    pooler_norm: bool = False  # with pooler: the norm after its activation (ModernBERT's head)
     head_bias: bool = True  # biases on the pooler and the MLM transform's dense layers
     mlm_transform: bool = True  # BERT's dense + activation + LayerNorm before the MLM projection
 
