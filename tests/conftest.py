@@ -16,3 +16,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def kept_positions(monkeypatch):
+    """The positions each ``PrefixCache.prefill`` call kept, in call order (the prefix cache's
+    command tests: it runs inside ``aiayn generate --chat -``)."""
+    from aiayn.decoding.prefix_cache import PrefixCache
+
+    kept: list[int] = []
+    original = PrefixCache.prefill
+
+    def recording(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        kept.append(self.kept)
+        return out
+
+    monkeypatch.setattr(PrefixCache, "prefill", recording)
+    return kept

@@ -490,21 +490,11 @@ def test_a_seed_makes_a_sampled_conversation_reproducible(qwen_long, monkeypatch
 
 
 def test_each_turn_keeps_the_cached_turns_before_and_replies_as_a_full_prefill(
-        qwen_long, monkeypatch, capsys):
+        qwen_long, monkeypatch, capsys, kept_positions):
     """The prefix cache (the default): each turn after the first keeps the positions the ids of
     the conversation share with the turn before, and prints what --no-prefix-cache (every turn
     prefilled whole) and transformers print, greedy and sampled with a seed."""
-    from aiayn.decoding import prefix_cache
-
-    kept: list[int] = []
-    original = prefix_cache.PrefixCache.prefill
-
-    def recording(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        kept.append(self.kept)
-        return out
-
-    monkeypatch.setattr(prefix_cache.PrefixCache, "prefill", recording)
+    kept = kept_positions
     turns = HFChat(qwen_long).converse(MESSAGES, 12, system="Be brief.")
     stdin = "\n".join(MESSAGES) + "\n"
     for options, want in ((["--max-new-tokens", "12"], "".join(r + "\n" for *_, r in turns)),

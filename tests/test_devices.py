@@ -18,6 +18,7 @@ from aiayn.masks import key_padding_to_attention
 from aiayn.tasks.lm import token_loss
 from aiayn.training.chunked_loss import chunked_cross_entropy
 from aiayn.training.loss import label_smoothed_cross_entropy
+from hf_helpers import randomise
 
 DEVICES = [pytest.param("cpu", id="cpu"),
            pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(
@@ -205,15 +206,11 @@ def test_engine_generation_of_a_relative_bias_decoder_is_the_plain_generation(de
         generate(model, [[5, 6, 7]], max_new_tokens=6, greedy=True).tokens
 
 
-def randomised(config: TransformerConfig, device: str, std: float = 0.2) -> CausalLM:
-    """A model whose matrices are drawn with ``std`` from a seeded stream."""
-    torch.manual_seed(0)
+def randomised(config: TransformerConfig, device: str) -> CausalLM:
+    """A model whose weights are drawn from hf_helpers.randomise's seeded stream (std 0.2; the
+    rotary frequencies kept)."""
     model = CausalLM(config).eval()
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * std)
+    randomise(model, std=0.2, skip=("rotary",))
     return model.to(device)
 
 
@@ -227,9 +224,9 @@ def test_engine_generation_past_a_window_or_a_longrope_switch_is_greedy(device, 
     """A Mistral-style window of 8 keys, and Phi-3's LongRoPE (partial rotary, switching to the
     long factors past 16 positions: generate runs the sequence again there), through the engine
     (on a GPU: fixed-shape steps replayed from CUDA graphs): 24 new tokens after prompts of 6 ids
-    (and a left-padded one of 3 for the window) go well past both; every token is the argmax of the full forward of its row's ids
-    before it (LongRoPE picks its factors by the length of each call, so one forward of the
-    finished row would not do)."""
+    (and a left-padded one of 3 for the window) go well past both; every token is the argmax of
+    the full forward of its row's ids before it (LongRoPE picks its factors by the length of each
+    call, so one forward of the finished row would not do)."""
     from aiayn.fast import InferenceOptions, prepare_for_inference
 
     llama = TransformerConfig.preset("llama-char", vocab_size=50, d_model=64, n_heads=8,

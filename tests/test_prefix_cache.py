@@ -320,23 +320,14 @@ class TemplateVocabulary:
         return ids + [self.START, self.ROLES["assistant"]]
 
 
-def chat(monkeypatch, capsys, model, stdin: str, *, reuse: bool, seed: int | None = None
-         ) -> tuple[str, list[int]]:
+def chat(monkeypatch, capsys, kept_positions, model, stdin: str, *, reuse: bool,
+         seed: int | None = None) -> tuple[str, list[int]]:
     """``generate.converse`` (what ``--chat -`` runs) on ``stdin``: stdout and, per reply, the
-    positions its call kept."""
+    positions its call kept (from the ``kept_positions`` fixture's record)."""
     from aiayn.commands import generate as command
-    from aiayn.decoding import prefix_cache
     from aiayn.fast import InferenceOptions, prepare_for_inference
 
-    kept: list[int] = []
-    original = prefix_cache.PrefixCache.prefill
-
-    def recording(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        kept.append(self.kept)
-        return out
-
-    monkeypatch.setattr(prefix_cache.PrefixCache, "prefill", recording)
+    before = len(kept_positions)
     config = GenerationConfig(max_new_tokens=6, greedy=seed is None, seed=seed, stop_ids=(2,),
                               slide=True)
     session = command.Session(
@@ -347,15 +338,18 @@ def chat(monkeypatch, capsys, model, stdin: str, *, reuse: bool, seed: int | Non
     capsys.readouterr()
     command.converse(session, argparse.Namespace(device="cpu", system="be brief",
                                                  no_prefix_cache=not reuse))
-    return capsys.readouterr().out, kept
+    return capsys.readouterr().out, kept_positions[before:]
 
 
 @pytest.mark.parametrize("seed", [None, 3])
-def test_a_conversation_replies_the_same_with_and_without_the_cache(monkeypatch, capsys, seed):
+def test_a_conversation_replies_the_same_with_and_without_the_cache(monkeypatch, capsys, seed,
+                                                                  kept_positions):
     model = lm(vocab_size=40)
     stdin = "hello\nhow are you\nwhat now\n/reset\nagain\nand more\n"
-    with_cache, kept = chat(monkeypatch, capsys, model, stdin, reuse=True, seed=seed)
-    without, none = chat(monkeypatch, capsys, model, stdin, reuse=False, seed=seed)
+    with_cache, kept = chat(monkeypatch, capsys, kept_positions, model, stdin, reuse=True,
+                            seed=seed)
+    without, none = chat(monkeypatch, capsys, kept_positions, model, stdin, reuse=False,
+                         seed=seed)
     assert with_cache == without and with_cache.count("\n") == 5
     assert none == []
     assert kept[0] == 0 and kept[1] > 0 and kept[2] > 0  # turns 2 and 3 keep the turns before
@@ -364,13 +358,13 @@ def test_a_conversation_replies_the_same_with_and_without_the_cache(monkeypatch,
 
 
 def test_the_conversation_drops_old_turns_and_still_replies_as_without_the_cache(
-        monkeypatch, capsys):
+        monkeypatch, capsys, kept_positions):
     """A context of 40 holds a turn or two: the oldest turns go, so the ids after the system
     message change; the system message's 11 ids and the next turn's <start> user are kept."""
     model = lm(vocab_size=40, max_length=40)
     stdin = "hello there\nhow are you today\nwhat now then\nand more still\n"
-    with_cache, kept = chat(monkeypatch, capsys, model, stdin, reuse=True)
-    without, _ = chat(monkeypatch, capsys, model, stdin, reuse=False)
+    with_cache, kept = chat(monkeypatch, capsys, kept_positions, model, stdin, reuse=True)
+    without, _ = chat(monkeypatch, capsys, kept_positions, model, stdin, reuse=False)
     assert with_cache == without
     assert with_cache.count("\n") == 4
     # after the first drop the ids share the system message and the user turn's opening only

@@ -264,6 +264,16 @@ def _from_layout(value: Tensor, layout: str) -> Tensor:
     return value
 
 
+def to_layout(value: Tensor, layout: str) -> Tensor:
+    if layout == "transpose":
+        return value.t()
+    if layout == "row":
+        return value.reshape(1, -1)
+    if layout == "plus_one":  # back to w = gain - 1 (each case undoes _from_layout's)
+        return value.float() - 1.0
+    return value
+
+
 def load_state(model: nn.Module, checkpoint: Checkpoint, name_map: NameMap) -> None:
     """Copy a checkpoint's tensors into ``model`` through ``name_map``; strict in both directions.
 

@@ -16,17 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from aiayn.interop.hf_common import CONFIG_FILE, SAFETENSORS_FILE, NameMap, tiled_rows
-
-
-def _to_layout(value: Tensor, layout: str) -> Tensor:
-    if layout == "transpose":
-        return value.t()
-    if layout == "row":
-        return value.reshape(1, -1)
-    if layout == "plus_one":  # back to w = gain - 1
-        return value.float() - 1.0
-    return value
+from aiayn.interop.hf_common import (CONFIG_FILE, SAFETENSORS_FILE, NameMap, tiled_rows,
+                                     to_layout)
 
 
 def export_state(model: nn.Module, name_map: NameMap) -> dict[str, Tensor]:
@@ -38,14 +29,14 @@ def export_state(model: nn.Module, name_map: NameMap) -> dict[str, Tensor]:
         value = parameters[rule.target].detach()
         if rule.rows is not None:
             fused.setdefault(rule.sources[0], []).append((rule.rows,
-                                                          _to_layout(value, rule.layout)))
+                                                          to_layout(value, rule.layout)))
             continue
         if rule.sizes is not None:
             parts = value.split(rule.sizes, dim=0)
         else:
             parts = value.chunk(len(rule.sources), dim=0) if len(rule.sources) > 1 else (value,)
         for key, part in zip(rule.sources, parts):
-            tensor = _to_layout(part, rule.layout).contiguous().clone()
+            tensor = to_layout(part, rule.layout).contiguous().clone()
             if key in state and not torch.equal(state[key], tensor):
                 raise ValueError(f"name map error: two different tensors for HF key {key!r}")
             state[key] = tensor

@@ -65,11 +65,8 @@ def token_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
         logits = model.lm_head(hidden)  # (B, T, V)
     else:
         logits = model(inputs)  # (B, T, V)
-    # The logits as they are, as nanoGPT passes them: under CUDA autocast the log-softmax then runs
-    # in bf16 and only the NLL in float32 (autocast has a rule for log_softmax and nll_loss there,
-    # none for cross_entropy); under CPU autocast the whole cross-entropy runs in float32. A cast to
-    # float32 here would double the (B * T, V) tensors the log-softmax writes and reads back on a
-    # GPU. The per-token losses are summed in float32.
+    # The logits as they are, as nanoGPT's: CUDA autocast then runs a bf16 log-softmax and a float32
+    # NLL (a float32 cast here doubles that (B * T, V) traffic); the losses are summed in float32.
     losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")  # (B * T,)
     return losses.float().sum()
 
