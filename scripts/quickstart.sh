@@ -13,6 +13,9 @@ if [ "$PRESET" = mt-cpu ]; then RUN=${RUN:-runs/quickstart}; else RUN=${RUN:-run
 DATA=data/ddtp_en_de.tsv.gz
 # Training stops at 3000 steps or after 9 minutes, whichever comes first.
 aiayn train translation --data "$DATA" --out "$RUN" --preset "$PRESET" --time-limit 540 --threads 2
+# The scores and translations are also kept in $RUN/quickstart-results.txt (docs/translation.md
+# quotes such files).
+{
 echo "== test BLEU, greedy"
 aiayn evaluate "$RUN" --data "$DATA" --split test --beam 1 --threads 2
 echo "== test BLEU, beam 4, alpha 0.6"
@@ -25,3 +28,4 @@ SENTENCES=$(printf '%s\n' \
   "The library is written in C and has no dependencies.")
 echo "$SENTENCES" | aiayn translate "$RUN" --threads 2 | paste <(echo "$SENTENCES") - \
   | sed 's/\t/\n    => /'
+} | tee "$RUN/quickstart-results.txt"
