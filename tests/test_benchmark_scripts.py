@@ -476,3 +476,14 @@ def test_peers_twins_hold_the_peer_weights():
     matmul = sum(p.numel() for name, p in gpt2.named_parameters()
                  if p.dim() == 2 and "wpe" not in name)
     assert peers.matmul_flops_per_token(32, 2, 128, 50, 10) == 6 * matmul + 12 * 2 * 32 * 10
+
+
+def test_deberta_inference_times_both_sides(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "deberta.json"
+    _run(tmp_path, "deberta_inference.py", "--layers", "1", "--rounds", "1", "--out", str(out))
+    result = _read_json(out)
+    assert "--layers 1" in result["command"] and result["torch"] and result["transformers"]
+    [row] = result["rows"]
+    assert row["max_abs_difference"] < 1e-3 and row["peer"] == "hf-deberta-v2-eager"
+    assert row["ours_value"] > 0 and row["peer_value"] > 0 and row["ratio"] > 0

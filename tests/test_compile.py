@@ -41,7 +41,10 @@ def fresh_dynamo():
     (CausalLM, CONFIG.replace(norm_first=True, n_encoder_layers=0)),
     (Transformer, CONFIG),
     (TransformerEncoder, CONFIG.replace(activation="gelu", norm_first=True)),
-], ids=["CausalLM", "Transformer", "TransformerEncoder"])
+    (TransformerEncoder, CONFIG.replace(  # DeBERTa-v3's disentangled attention, log buckets
+        activation="gelu", positions="none", n_decoder_layers=0, attention_scale=(8 * 3) ** -0.5,
+        disentangled_attention={"terms": ["c2p", "p2c"], "span": 4, "max_distance": 16})),
+], ids=["CausalLM", "Transformer", "TransformerEncoder", "DeBERTa"])
 def test_training_forward_and_backward_compile_in_one_graph(family, config):
     torch.manual_seed(0)
     model = family(config).train()

@@ -122,6 +122,9 @@ class TransformerConfig:
     scale_attention: bool = True  # divide q.k by sqrt(d_k) (paper 3.2.1); T5 folds it into the init
     attention_scale: float | None = None  # q.k times this, not 1/sqrt(d_k) (Gemma 2 27B: 144^-1/2)
     scale_output: bool = False  # multiply the hidden states by d_model^-0.5 before the output projection
+    # DeBERTa's disentangled attention (He et al. 2021; aiayn.nn.disentangled): a dict of terms
+    # (["c2p", "p2c"]), span, max_distance, share_projections, norm; None: off
+    disentangled_attention: dict[str, Any] | None = None
 
     # --- heads of the encoder-only family ----------------------------------------------------------
     num_labels: int = 2
@@ -199,6 +202,9 @@ class TransformerConfig:
         self._validate_modern()
         self._validate_t5()
         self._validate_attention_scale()
+        from aiayn.nn.disentangled import disentangled_spec  # late: it imports nothing from here
+
+        disentangled_spec(self)
         for name in ("pad_id", "bos_id", "eos_id", "decoder_start_id"):
             value = getattr(self, name)
             if not isinstance(value, int) or not 0 <= value < self.vocab_size:

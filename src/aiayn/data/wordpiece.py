@@ -161,8 +161,12 @@ class WordPieceTokenizer:
 
         Raises:
             FileNotFoundError: neither file is there.
+            ValueError: only a SentencePiece ``spm.model`` is there (DeBERTa's).
         """
+        from aiayn.interop.hf_tokenizer import require_fast_tokenizer
+
         directory = Path(directory)
+        require_fast_tokenizer(directory)  # DeBERTa's spm.model alone: say how to convert it
         if (directory / TOKENIZER_FILE).is_file():
             return cls.load(directory / TOKENIZER_FILE)
         vocab = directory / "vocab.txt"

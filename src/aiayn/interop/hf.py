@@ -12,6 +12,8 @@ Families (one module each, each with an explicit parameter-name map):
                              the XLMRoberta classes)
     modernbert               ModernBertModel / ModernBertForMaskedLM /      as BERT (pre-norm, rotary,
                              ModernBertForSequenceClassification            GeGLU, local layers)
+    deberta-v2               DebertaV2Model / DebertaV2ForMaskedLM /        as BERT (disentangled
+                             DebertaV2ForSequenceClassification             attention; v2 and v3)
     gpt2                     GPT2Model / GPT2LMHeadModel                    CausalLM
     llama                    LlamaModel / LlamaForCausalLM                  CausalLM (rotary positions)
     mistral, qwen2, qwen3    MistralForCausalLM / Qwen2ForCausalLM /        CausalLM (as Llama, with
@@ -45,8 +47,8 @@ import torch
 from torch import nn
 
 from aiayn.config import TransformerConfig
-from aiayn.interop import (hf_bert, hf_distilbert, hf_gemma, hf_gpt2, hf_llama, hf_marian,
-                           hf_modernbert, hf_phi3, hf_roberta, hf_t5, hf_vit)
+from aiayn.interop import (hf_bert, hf_deberta, hf_distilbert, hf_gemma, hf_gpt2, hf_llama,
+                           hf_marian, hf_modernbert, hf_phi3, hf_roberta, hf_t5, hf_vit)
 from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, load_state, read_checkpoint,
                                      read_config)
 from aiayn.interop.hf_export import export_state, write_checkpoint
@@ -54,15 +56,15 @@ from aiayn.interop.hf_export import export_state, write_checkpoint
 # Saving takes the first family that ``matches`` the model: the specific before the general
 # (hf_distilbert loads only: it matches no model; hf_phi3 matches what hf_llama matches, so it
 # writes only when ``save_pretrained`` is asked for its model_type).
-FAMILIES = (hf_modernbert, hf_roberta, hf_bert, hf_distilbert, hf_gemma, hf_llama, hf_phi3,
-            hf_gpt2, hf_t5, hf_marian, hf_vit)
+FAMILIES = (hf_deberta, hf_modernbert, hf_roberta, hf_bert, hf_distilbert, hf_gemma, hf_llama,
+            hf_phi3, hf_gpt2, hf_t5, hf_marian, hf_vit)
 # Families whose HF classes have only the paper's blocks (no RMSNorm, gated FFN, grouped-query
 # attention, head width of its own, relative bias or extra scales): ``PAPER_BLOCKS`` must hold.
 PAPER_FAMILIES = (hf_roberta, hf_bert, hf_gpt2, hf_marian, hf_vit)
 PAPER_BLOCKS = dict(norm="layer", layer_norm_bias=True, gated_ffn=False, d_head=None,
                     n_kv_heads=None, relative_attention_buckets=0, scale_attention=True,
                     attention_scale=None, scale_output=False, sliding_window=None,
-                    first_attention_norm=True)
+                    first_attention_norm=True, disentangled_attention=None)
 TASKS = ("encoder", "masked_lm", "classification", "causal_lm", "seq2seq")
 
 
@@ -168,7 +170,8 @@ def save_pretrained(model: nn.Module, path: str | Path, *, model_type: str | Non
     """Write an aiayn model as an HF checkpoint directory (config.json + model.safetensors).
 
     ``TransformerEncoder``/``MaskedLM``/``SequenceClassifier`` are written as BERT (as RoBERTa with
-    an offset position table, as ModernBERT with rotary positions), ``CausalLM`` as
+    an offset position table, as ModernBERT with rotary positions, as DeBERTa-v2 with disentangled
+    attention), ``CausalLM`` as
     ``LlamaForCausalLM`` (rotary positions) or ``GPT2LMHeadModel``, ``Transformer`` as
     ``T5ForConditionalGeneration`` (a relative position bias), ``MarianMTModel`` (sinusoidal
     "split" positions) or ``BartForConditionalGeneration`` (learned positions with offset 2 and

@@ -146,7 +146,8 @@ def encoder_rules(config: TransformerConfig, ours: str, hf: str, names: Names = 
     """Rules for the embeddings and the layer stack; ``ours``/``hf`` are the two name prefixes."""
     n = config.n_encoder_layers
     layer, hf_layer = f"{ours}layers.{{}}.", f"{hf}{names.layer}"
-    embeddings = ["tokens", "positions"] + (["token_types"] if config.type_vocab_size else [])
+    embeddings = ["tokens"] + (["positions"] if config.positions == "learned" else []) + \
+        (["token_types"] if config.type_vocab_size else [])
     rules = [Rule(f"{ours}embeddings.{name}.weight", (f"{hf}{names.embeddings[name]}.weight",))
              for name in embeddings]
     for kind in ("weight", "bias"):

@@ -92,6 +92,22 @@ def clean_up_tokenization(text: str) -> str:
     return text
 
 
+def require_fast_tokenizer(path: str | Path) -> None:
+    """Raise when a directory holds a SentencePiece ``spm.model`` (DeBERTa-v2/v3's) without the
+    ``tokenizer.json`` that aiayn reads: converting one needs transformers and sentencepiece.
+
+    Raises:
+        ValueError: saying how to write the ``tokenizer.json``.
+    """
+    directory = Path(path)
+    if (directory / "spm.model").is_file() and not (directory / "tokenizer.json").is_file():
+        raise ValueError(f"{directory}: spm.model but no tokenizer.json; aiayn reads a "
+                         f"SentencePiece vocabulary from the fast tokenizer's tokenizer.json: "
+                         f"write one with transformers' fast tokenizer, e.g. "
+                         f"AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) (needs "
+                         f"sentencepiece installed)")
+
+
 def has_tokenizer(path: str | Path) -> bool:
     """Whether ``path`` holds tokenizer files ``load_tokenizer`` reads."""
     directory = Path(path)
@@ -142,6 +158,7 @@ def load_tokenizer(path: str | Path):
     from tokenizers import Tokenizer
 
     directory = Path(path)
+    require_fast_tokenizer(directory)
     settings = read_json_object(directory / "tokenizer_config.json")
     specials = special_tokens(directory)
     tokenizer_file, vocab_file = directory / "tokenizer.json", directory / "vocab.txt"

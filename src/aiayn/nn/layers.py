@@ -5,8 +5,8 @@ Pre-norm  (GPT-2, "on layer normalization in the Transformer"):  x = x + Dropout
 
 Encoder layer: self-attention, FFN. Decoder layer: masked (causal) self-attention, cross-attention over
 the encoder output (left out for decoder-only models), FFN. The stack hands every layer the rotation
-of its positions (rotary positions) and the position bias (T5) it computed once; self-attention uses
-them, cross-attention (between two sequences) does not.
+of its positions (rotary positions), the position bias (T5) or the relative table (DeBERTa) it
+computed once; self-attention uses them, cross-attention (between two sequences) does not.
 
 Legend: B batch, T target/query length, S source/memory length, H heads, D model width.
 """
@@ -19,6 +19,7 @@ from aiayn.config import TransformerConfig
 from aiayn.nn.attention.cache import KVCache, MemoryCache
 from aiayn.nn.attention.kernels import make_kernel
 from aiayn.nn.attention.multihead import CrossAttention, SelfAttention
+from aiayn.nn.disentangled import DisentangledTerms, RelativeTable, disentangled_spec
 from aiayn.nn.feedforward import FeedForward, GatedFeedForward
 from aiayn.nn.norms import layer_norm
 from aiayn.nn.rotary import Rotation
@@ -52,11 +53,14 @@ class Residual(nn.Module):
 
 
 def make_self_attention(config: TransformerConfig) -> SelfAttention:
+    spec = disentangled_spec(config)
+    terms = None if spec is None else DisentangledTerms(spec, config.d_model,
+                                                        config.n_heads * config.head_dim)
     return SelfAttention(config.d_model, config.n_heads, make_kernel(config),
                          n_kv_heads=config.kv_heads, head_dim=config.head_dim,
                          fused_projections=config.fused_projections,
                          dropout=config.attention_dropout, bias=config.bias,
-                         qkv_bias=config.qkv_bias, **qk_norms(config))
+                         qkv_bias=config.qkv_bias, disentangled=terms, **qk_norms(config))
 
 
 def make_cross_attention(config: TransformerConfig) -> CrossAttention:
@@ -94,11 +98,13 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
                 rotation: Rotation | None = None, position_bias: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                relative: RelativeTable | None = None, need_weights: bool = False
+                ) -> tuple[Tensor, Tensor | None]:
         """x (B, T, D), mask broadcastable to (B, H, T, T). Returns (B, T, D) and the weights."""
         out, weights = self.self_attention(self.attention_residual.input(x), mask=mask,
                                            causal=causal, rotation=rotation,
-                                           position_bias=position_bias, need_weights=need_weights)
+                                           position_bias=position_bias, relative=relative,
+                                           need_weights=need_weights)
         x = self.attention_residual.add(x, out)
         x = self.feedforward_residual.add(
             x, self.feedforward(self.feedforward_residual.input(x)))

@@ -2,8 +2,9 @@
 
 Every model family is one or two of these stacks plus a head, so masks, caching, input checks and
 attention maps live here once. Positions that act inside attention are computed here once per call and
-handed to every layer: the rotation of rotary positions (Su et al. 2021) and T5's relative position
-bias (Raffel et al. 2020), bidirectional in the encoder and causal in the decoder.
+handed to every layer: the rotation of rotary positions (Su et al. 2021), T5's relative position
+bias (Raffel et al. 2020), bidirectional in the encoder and causal in the decoder, and DeBERTa's
+relative embeddings (He et al. 2021; aiayn.nn.disentangled), in the encoder.
 
 Legend: B batch, T target length, S source length, H heads, D model width.
 """
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 
 from aiayn.nn.attention.cache import DecoderCache
 from aiayn.config import TransformerConfig
+from aiayn.nn.disentangled import RelativeEmbeddings, disentangled_spec
 from aiayn.nn.embedding import Embeddings
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
 from aiayn.masks import band_mask, check_padding_mask, key_padding_to_attention, window_mask
@@ -119,6 +121,9 @@ class Encoder(nn.Module):
         self.rotary = make_rotary(config)
         self.rotary_local = make_rotary(config, local=True)  # the sliding layers' own, or None
         self.position_bias = make_position_bias(config, bidirectional=True)
+        spec = disentangled_spec(config)
+        self.relative = None if spec is None else RelativeEmbeddings(
+            spec, config.d_model, eps=config.layer_norm_eps, dropout=config.dropout)
         self.layers = nn.ModuleList(EncoderLayer(config, first=index == 0)
                                     for index in range(config.n_encoder_layers))
         self.norm = final_norm(config)
@@ -156,6 +161,7 @@ class Encoder(nn.Module):
             if self.rotary_local is not None:
                 local_rotation = self.rotary_local(positions)
         bias = None if self.position_bias is None else self.position_bias(length, length)
+        relative = None if self.relative is None else self.relative(length)
         sliding_mask = mask
         if any(self.sliding) and length > self.window:  # else no key is W or more away
             band = band_mask(length, self.window, x.device)  # (S, S)
@@ -164,7 +170,8 @@ class Encoder(nn.Module):
         for layer, sliding in zip(self.layers, self.sliding):
             x, layer_weights = layer(x, sliding_mask if sliding else mask,
                                      rotation=local_rotation if sliding else rotation,
-                                     position_bias=bias, need_weights=need_weights)
+                                     position_bias=bias, relative=relative,
+                                     need_weights=need_weights)
             if need_weights:
                 weights.append(layer_weights)
         if self.norm is not None:

@@ -144,9 +144,10 @@ def load_model_dir(path: str | Path, *, task: str | None = None, model_task: str
 
 def checkpoint_assets(path: Path, task: str, config) -> Any:
     """The assets a run of ``task`` would hold, made from a checkpoint's tokenizer files."""
-    from aiayn.interop.hf_tokenizer import has_tokenizer, load_tokenizer
+    from aiayn.interop.hf_tokenizer import has_tokenizer, load_tokenizer, require_fast_tokenizer
 
     path = Path(path)
+    require_fast_tokenizer(path)
     if not has_tokenizer(path):
         raise ValueError(f"{path}: no tokenizer files (tokenizer.json, vocab.txt, or Marian's "
                          f"source.spm / target.spm / vocab.json); commands need the checkpoint's "

@@ -9,8 +9,10 @@ shared by H / Hkv query heads, so their projections (and the KV cache) are Hkv /
 width Dh other than D / H (T5 v1.1) makes the inner width H * Dh. The attention itself is a kernel
 object (aiayn.nn.attention.kernels), so reference / fused / efficient kernels are interchangeable.
 Rotary positions (aiayn.nn.rotary) rotate q and k after the projection, before the cache; a position
-bias (aiayn.nn.relative_bias) goes to the kernel. QK-norm (Dehghani et al. 2023; Qwen3, Gemma 3)
-normalises each head's queries and keys over Dh right after the projection, before the rotation.
+bias (aiayn.nn.relative_bias) goes to the kernel, and so do DeBERTa's disentangled terms
+(aiayn.nn.disentangled), which the layer computes from its q and k and the stack's relative table.
+QK-norm (Dehghani et al. 2023; Qwen3, Gemma 3) normalises each head's queries and keys over Dh right
+after the projection, before the rotation.
 Two modules share the projections' plumbing:
 
 - ``SelfAttention``: queries, keys and values from the same sequence; with a cache, the T newest
@@ -28,6 +30,7 @@ from torch import Tensor, nn
 
 from aiayn.nn.attention.cache import KVCache, MemoryCache
 from aiayn.nn.attention.kernels import AttentionKernel, ReferenceAttention
+from aiayn.nn.disentangled import DisentangledTerms, RelativeTable
 from aiayn.nn.rotary import Rotation, apply_rotary
 
 
@@ -102,17 +105,20 @@ class SelfAttention(MultiHeadAttention):
     """Every position of x (B, T, D) attends to the positions of x (and, decoding, of the cache).
 
     ``fused_projections``: one (D, 3D) product for q, k, v instead of three (D, D) ones.
+    ``disentangled``: DeBERTa's c2p / p2c terms (aiayn.nn.disentangled), added to the scores when
+    the stack hands ``forward`` its relative table.
     """
 
     def __init__(self, d_model: int, n_heads: int, kernel: AttentionKernel, *,
                  n_kv_heads: int | None = None, head_dim: int | None = None,
                  fused_projections: bool = True, dropout: float = 0.0, bias: bool = True,
                  qkv_bias: bool | None = None, q_norm: nn.Module | None = None,
-                 k_norm: nn.Module | None = None):
+                 k_norm: nn.Module | None = None, disentangled: DisentangledTerms | None = None):
         super().__init__(d_model, n_heads, kernel, n_kv_heads=n_kv_heads, head_dim=head_dim,
                          dropout=dropout, bias=bias, qkv_bias=qkv_bias, q_norm=q_norm,
                          k_norm=k_norm)
         self.fused_projections = fused_projections
+        self.disentangled = disentangled
         inner, kv_inner = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.split_sizes = (inner, kv_inner, kv_inner)
         if fused_projections:
@@ -136,17 +142,24 @@ class SelfAttention(MultiHeadAttention):
     def forward(self, x: Tensor, *, mask: Tensor | None = None, causal: bool = False,
                 cache: KVCache | None = None, start: int | Tensor = 0,
                 rotation: Rotation | None = None, position_bias: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                relative: RelativeTable | None = None, need_weights: bool = False
+                ) -> tuple[Tensor, Tensor | None]:
         """Attend from x (B, T, D) to itself; returns (B, T, D) and the weights or None.
 
         ``mask`` broadcasts to (B, H, T, S), True = may attend; ``causal`` adds the right-aligned
         causal mask. With a ``cache`` (this layer's, made by its kernel) x holds the T newest
         positions, ``start ..``: they are written to the cache and attend causally to all S =
         start + T positions. ``rotation``: the (cos, sin) of x's positions (rotary positions);
-        ``position_bias`` (B|1, H, T, S): added to the scores (T5).
+        ``position_bias`` (B|1, H, T, S): added to the scores (T5); ``relative``: the stack's
+        relative table, from which ``disentangled`` adds DeBERTa's terms to the scores (no cache).
         """
         self.check_input(x)
         q, k, v = self.project(x)  # (B, H, T, Dh), (B, Hkv, T, Dh) x 2
+        if relative is not None:
+            if self.disentangled is None or cache is not None or position_bias is not None:
+                raise ValueError("a relative table needs a layer with disentangled attention, "
+                                 "without a cache or another position bias")
+            position_bias = self.disentangled(q, k, relative, self)  # (B, H, T, S)
         if rotation is not None:  # RoFormer eq. 14: rotate q and k by their positions' angles
             q, k = apply_rotary(q, rotation), apply_rotary(k, rotation)
         if cache is None:
