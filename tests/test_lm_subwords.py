@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import checkpoint_builders as builders
+from hf_helpers import needs_transformers_5
 from aiayn.cli import main
 from aiayn.data import token_files
 from aiayn.data.byte_bpe import END_OF_TEXT, learn_byte_bpe, save_byte_bpe
@@ -96,6 +97,148 @@ def test_token_files_hold_the_ids_of_encoding_each_split_whole(bpe, tmp_path, mo
         again = TokenFiles.open(tmp_path / "tokens")
         assert np.array_equal(again.valid, tokens.valid) and again.info == tokens.info
         assert not list((tmp_path / "tokens").glob(".*.tmp"))
+
+
+def marked_tokenizer(kind: str):
+    """A ``tokenizers.Tokenizer`` learned on TEXT of a layout that marks the start of a text with
+    SentencePiece's space marker "▁", as ``transformers`` writes each (no downloads)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import trainers
+
+    from aiayn.data.tokenizer import SubwordTokenizer
+
+    lines = TEXT.splitlines(keepends=True)
+    if kind == "aiayn-subword":  # the translation tokenizer (prepend_scheme "always")
+        return SubwordTokenizer.train(lines, vocab_size=300)._backend
+    if kind in ("metaspace-bpe", "metaspace-unigram"):  # split at spaces (T5's: a Unigram model)
+        unigram = kind == "metaspace-unigram"
+        tokenizer = Tokenizer(models.Unigram() if unigram else models.BPE(unk_token="<unk>"))
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+        tokenizer.decoder = decoders.Metaspace(prepend_scheme="first")
+        trainer = (trainers.UnigramTrainer if unigram else trainers.BpeTrainer)(
+            vocab_size=300, special_tokens=["<unk>"], show_progress=False,
+            **({"unk_token": "<unk>"} if unigram else {}))
+        tokenizer.train_from_iterator(lines, trainer)
+        return tokenizer
+    # Llama's: <unk> <s> </s>, the byte tokens (byte fallback), BPE pieces, <s> added in front
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{byte:02X}>" for byte in range(256)]
+    learned = Tokenizer(models.BPE())
+    learned.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+    learned.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
+                                                           show_progress=False))
+    model = json.loads(learned.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    tokenizer = Tokenizer(models.BPE(vocab=model["vocab"], merges=merges, unk_token="<unk>",
+                                     fuse_unk=True, byte_fallback=True))
+    if kind == "llama-2":  # Llama 2's tokenizer.json (transformers 4's LlamaTokenizerFast, legacy)
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                                     normalizers.Replace(" ", "\u2581")])
+    else:  # "llama": transformers 5's LlamaTokenizer
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                           decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[
+        ("<s>", 1)])
+    return tokenizer
+
+
+KINDS = ["byte-level", "metaspace-bpe", "metaspace-unigram", "llama-2", "llama", "aiayn-subword"]
+
+
+@pytest.fixture(scope="module")
+def tokenizers_of_each_kind(bpe):
+    return {kind: bpe if kind == "byte-level" else marked_tokenizer(kind) for kind in KINDS}
+
+
+@pytest.mark.parametrize("context", [1024, 16], ids=["lines", "line-ends"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_chunks_give_the_ids_of_one_call_on_the_whole_split(tokenizers_of_each_kind, kind, context,
+                                                            tmp_path, monkeypatch):
+    """Token files and encode_text, written in many chunks through the task's encoder of a
+    checkpoint's tokenizer.json, hold the ids of one call on each whole split, without special
+    tokens, for GPT-2's byte-level BPE (aiayn's --tokenizer bpe) and for tokenizers that mark the
+    start of a text (which encoding each chunk alone would mark at every chunk), whether a chunk
+    is encoded after the whole last line of the one before or only its end."""
+    from aiayn.interop.hf_tokenizer import load_tokenizer
+    from aiayn.tasks.checkpoints import TextTokenizer
+    from aiayn.tasks.lm import batch_encoder
+
+    tokenizer = tokenizers_of_each_kind[kind]
+    monkeypatch.setattr(token_files, "CHUNK_CHARACTERS", 300)
+    monkeypatch.setattr(token_files, "CHUNKS_PER_BATCH", 4)
+    monkeypatch.setattr(token_files, "CONTEXT_CHARACTERS", context)
+    (tmp_path / "tokenizer").mkdir()
+    tokenizer.save(str(tmp_path / "tokenizer" / "tokenizer.json"))
+    encode_batch = batch_encoder(TextTokenizer(load_tokenizer(tmp_path / "tokenizer"),
+                                               tmp_path / "tokenizer"))
+    vocab_size = tokenizer.get_vocab_size()
+    text = TEXT[:20_000]
+    path = tmp_path / "text.txt"
+    path.write_text(text, encoding="utf-8")
+
+    def whole(part: str) -> list[int]:
+        return tokenizer.encode(part, add_special_tokens=False).ids
+
+    def written() -> tuple[list[int], list[int], list[int]]:
+        tokens = TokenFiles.write(path, encode_batch=encode_batch, vocab_size=vocab_size,
+                                  tokenizer_id="t", valid_fraction=0.2, directory=tmp_path / "tok")
+        ids, characters = token_files.encode_text(path, encode_batch=encode_batch,
+                                                  vocab_size=vocab_size, start=1234, stop=17_777)
+        assert characters == 17_777 - 1234
+        return tokens.train.tolist(), tokens.valid.tolist(), ids.tolist()
+
+    train_text, valid_text = split_text(text, 0.2)
+    expected = whole(train_text), whole(valid_text), whole(text[1234:17_777])
+    assert written() == expected
+    if kind == "llama-2":  # the checkpoint's template would put <s> in front
+        assert tokenizer.encode(text[:50]).ids[0] == 1 and 1 not in expected[0]
+    # Each chunk encoded alone (no context): the same ids for GPT-2's, marked starts for the others
+    monkeypatch.setattr(token_files, "_context", lambda chunk: "")
+    alone = written()
+    if kind == "byte-level":
+        assert alone == expected
+    else:  # in each split and in the part encode_text reads
+        assert all(got != want for got, want in zip(alone, expected))
+
+
+def test_a_tokenizer_that_joins_lines_encodes_those_chunks_alone_with_a_warning(tmp_path,
+                                                                                monkeypatch):
+    """Where a token joins the end of a line and the start of the next (pieces learned across lines
+    without splitting at spaces), no cut gives the ids of one call: such a chunk is encoded on its
+    own (as before the context existed), the others after their context, and a warning counts
+    them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    lines = TEXT.splitlines(keepends=True)
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+    tokenizer.train_from_iterator(["".join(lines[i:i + 20]) for i in range(0, len(lines), 20)],
+                                  trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>"],
+                                                      show_progress=False))
+    monkeypatch.setattr(token_files, "CHUNK_CHARACTERS", 300)
+    path = tmp_path / "joined.txt"
+    path.write_text(TEXT[:20_000], encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"joined.txt: the tokenizer joins the end of a line and "
+                                         r"the start of the next into one token at (\d+) of (\d+) "
+                                         r"chunk starts") as caught:
+        tokens = TokenFiles.write(path, encode_batch=encoder(tokenizer), vocab_size=400,
+                                  tokenizer_id="t", valid_fraction=0.2, directory=tmp_path / "tok")
+    # the rule, chunk by chunk, with the tokenizer called on each piece alone
+    train_text, _ = split_text(TEXT[:20_000], 0.2)
+    expected, joined, context = [], 0, ""
+    for chunk in token_files._chunks(iter(train_text.splitlines(keepends=True))):
+        ids, head = tokenizer.encode(context + chunk).ids, tokenizer.encode(context).ids
+        if not context:  # the split's first chunk
+            expected += ids
+        elif ids[:len(head)] == head:
+            expected += ids[len(head):]
+        else:
+            joined += 1
+            expected += tokenizer.encode(chunk).ids
+        context = token_files._context(chunk)
+    assert joined >= 1
+    assert tokens.train.tolist() == expected
+    assert str(caught[0].message).count(f" at {joined} of ") == 1
 
 
 def test_large_vocabularies_are_stored_as_uint32(bpe, tmp_path):
@@ -235,9 +378,15 @@ def test_train_lm_on_nanogpt_token_files(bpe, text_file, tmp_path, capsys):
     assert last_json(capsys)["loss"] == pytest.approx(summary["loss"], rel=1e-6)
 
 
-def test_fine_tuning_gpt2_reads_its_text_as_transformers_tokenizes_it(text_file, tmp_path, capsys):
+@pytest.mark.parametrize("family", ["gpt2", pytest.param("llama", marks=needs_transformers_5(
+    "transformers.LlamaTokenizer is SentencePiece's, without vocab= and merges="))])
+def test_fine_tuning_reads_its_text_as_transformers_tokenizes_it(text_file, tmp_path, capsys,
+                                                                 monkeypatch, family):
+    """GPT-2's byte-level BPE and Llama's tokenizer (which marks the start of a text), in many
+    chunks: the ids of transformers' tokenizer on each whole split, without <s>."""
     transformers = pytest.importorskip("transformers")
-    checkpoint = builders.gpt2(tmp_path / "gpt2")
+    monkeypatch.setattr(token_files, "CHUNK_CHARACTERS", 300)
+    checkpoint = getattr(builders, family)(tmp_path / family)
     run_dir = tmp_path / "run"
     assert main(["train", "lm", "--init", str(checkpoint), "--data", str(text_file), "--out",
                  str(run_dir), "--steps", "1", "--eval-every", "1", "--save-every", "1",
@@ -246,8 +395,8 @@ def test_fine_tuning_gpt2_reads_its_text_as_transformers_tokenizes_it(text_file,
     tokens = TokenFiles.open(run_dir / "tokens")
     reference = transformers.AutoTokenizer.from_pretrained(checkpoint)
     train_text, valid_text = split_text(TEXT, 0.1)
-    assert tokens.train.tolist() == reference(train_text)["input_ids"]
-    assert tokens.valid.tolist() == reference(valid_text)["input_ids"]
+    assert tokens.train.tolist() == reference(train_text, add_special_tokens=False)["input_ids"]
+    assert tokens.valid.tolist() == reference(valid_text, add_special_tokens=False)["input_ids"]
 
 
 @pytest.mark.parametrize("options, message", [

@@ -10,12 +10,17 @@ as they are.
   through an encoder (``EncodeBatch``): the first ``1 - valid_fraction`` of the characters train,
   the rest validate (the character split of ``aiayn.data.text.split_text``). Each split is encoded
   in chunks of about 64 K characters that end after a line ending in a non-space character and
-  before a line starting with one: for a byte-level BPE (GPT-2's pre-tokenizer) no token crosses
-  such a point, so the ids are those of encoding the whole split at once (characters: trivially).
-  No special tokens are added. It writes ``train.bin``, ``val.bin`` and ``tokens.json`` (the counts,
-  the dtype, and what they were made from, so a resumed run reuses them only when the text and the
-  tokenizer are the same), under temporary names renamed when complete; ``TokenFiles.open`` maps
-  them again.
+  before a line starting with one (GPT-2's pre-tokenizer never joins text across such a point).
+  Each chunk after the first is encoded after the last line of the one before (its last 1 K
+  characters at most), and the ids of that line, encoded alone in the same call, are dropped from
+  the front. So a tokenizer that marks the start of a text (SentencePiece's ``Metaspace``, Llama
+  2's) marks the start of the split only, and the ids are those of encoding the whole split at
+  once. Where the ids of the line alone are not a prefix of those of the line and the chunk (a
+  token joins the two), that chunk is encoded on its own, with a warning. No special tokens are
+  added. It
+  writes ``train.bin``, ``val.bin`` and ``tokens.json`` (the counts, the dtype, and what they were
+  made from, so a resumed run reuses them only when the text and the tokenizer are the same),
+  under temporary names renamed when complete; ``TokenFiles.open`` maps them again.
 - ``encode_text``: a range of a text's characters encoded the same way, in memory (evaluation).
 - ``TokenFiles.open_nanogpt``: nanoGPT's prepared directory (``train.bin`` + ``val.bin``, uint16).
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +51,9 @@ FORMAT = 1
 # of 1.1 GB, against 0.3 GB) and were no faster.
 CHUNK_CHARACTERS = 1 << 16
 CHUNKS_PER_BATCH = 16
+# Each chunk after the first is encoded after the last line of the one before, at most this much
+# of it (see the module docstring)
+CONTEXT_CHARACTERS = 1 << 10
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -125,24 +134,44 @@ class _Position:
         self.column = len(text) - text.rfind("\n") if newlines else self.column + len(text)
 
 
+def _context(chunk: str) -> str:
+    """What the next chunk is encoded after: this chunk's last line, at most ``CONTEXT_CHARACTERS``
+    of its end."""
+    start = chunk.rfind("\n", 0, len(chunk) - 1) + 1
+    return chunk[max(start, len(chunk) - CONTEXT_CHARACTERS):]
+
+
 def _encode_into(chunks: Iterator[str], encode_batch: EncodeBatch, out: BinaryIO,
                  dtype: np.dtype, vocab_size: int, where: str,
                  position: _Position | None = None) -> tuple[int, int]:
     """Encode ``chunks`` and append the ids to ``out``; (tokens, characters) written.
 
+    Each chunk after the first is encoded after the end of the one before (``_context``), whose
+    ids, encoded alone in the same call, are dropped from the front (see the module docstring).
+
     ``position``: where the first chunk starts in ``where`` (advanced past the chunks), so that a
     character outside a ``CharVocabulary`` is reported at its line and column.
+
+    Where the context's ids are not a prefix of those of the context and the chunk (the tokenizer
+    joins the end of a line and the start of the next into one token), the chunk is encoded on
+    its own instead, and a warning counts such chunk starts.
+
+    Raises:
+        ValueError: an id outside the vocabulary.
     """
-    tokens = characters = 0
+    tokens = characters = joined = started = 0
     position = position or _Position()
-    pending: list[str] = []
+    pending: list[tuple[str, str]] = []  # (context, chunk)
+    context = ""  # the start of a split has none: it is the start of the text encoded whole
 
     def flush() -> None:
-        nonlocal tokens
+        nonlocal tokens, joined, started
+        texts = [before + chunk for before, chunk in pending]
+        texts += [before for before, _ in pending if before]  # the contexts alone, after
         try:
-            encoded = encode_batch(pending)
+            encoded = encode_batch(texts)
         except UnknownCharacter:  # which chunk, and where it starts (the error path only)
-            for chunk in pending:
+            for _, chunk in pending:
                 try:
                     encode_batch([chunk])
                 except UnknownCharacter as error:
@@ -150,24 +179,38 @@ def _encode_into(chunks: Iterator[str], encode_batch: EncodeBatch, out: BinaryIO
                                         column=position.column) from None
                 position.advance(chunk)
             raise
-        for ids in encoded:
+        alone = iter(encoded[len(pending):])
+        for (before, chunk), ids in zip(pending, encoded):
             array = np.asarray(ids, dtype=np.int64)
+            if before:
+                started += 1
+                head = np.asarray(next(alone), dtype=np.int64)
+                if np.array_equal(array[:head.size], head):
+                    array = array[head.size:]
+                else:  # a token joins the two lines: no cut gives the whole text's ids here
+                    joined += 1
+                    array = np.asarray(encode_batch([chunk])[0], dtype=np.int64)
             if array.size and (array.min() < 0 or array.max() >= vocab_size):
                 raise ValueError(f"{where}: the tokenizer produced id {int(array.max())}, outside "
                                  f"its vocabulary of {vocab_size}")
             out.write(array.astype(dtype.newbyteorder("<")).tobytes())
             tokens += array.size
-        for chunk in pending:
             position.advance(chunk)
         pending.clear()
 
     for chunk in chunks:
         characters += len(chunk)
-        pending.append(chunk)
+        pending.append((context, chunk))
+        context = _context(chunk)
         if len(pending) == CHUNKS_PER_BATCH:
             flush()
     if pending:
         flush()
+    if joined:
+        warnings.warn(f"{where}: the tokenizer joins the end of a line and the start of the next "
+                      f"into one token at {joined} of {started} chunk starts; those chunks were "
+                      f"encoded on their own, so their first ids can differ from those of "
+                      f"encoding the text whole", stacklevel=2)
     return tokens, characters
 
 
