@@ -63,8 +63,8 @@ def test_malformed_and_unsupported_config(bert_dir):
     config_path.write_text(json.dumps({**config, "model_type": "gpt_neox"}))
     with pytest.raises(ValueError, match=r"config\.json: model_type='gpt_neox' is not supported; "
                                          r"aiayn loads bart, bert, deberta-v2, distilbert, "
-                                         r"gemma, gemma2, gemma3_text, gpt2, llama, marian, "
-                                         r"mistral, "
+                                         r"gemma, gemma2, gemma3_text, gpt2, llama, m2m_100, "
+                                         r"marian, mbart, mistral, "
                                          r"modernbert, phi3, qwen2, qwen3, roberta, t5, vit, "
                                          r"xlm-roberta"):
         aiayn.from_pretrained(bert_dir)

@@ -18,7 +18,7 @@ from aiayn.presets import PRESETS
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 PositionKind = Literal["sinusoidal", "learned", "rotary", "none"]
-SinusoidLayout = Literal["interleaved", "split"]
+SinusoidLayout = Literal["interleaved", "split", "fairseq"]
 Pooling = Literal["first", "mean"]
 PoolerActivation = Literal["tanh", "relu", "gelu", "gelu_tanh", "silu"]
 Norm = Literal["layer", "rms"]
@@ -27,7 +27,7 @@ SparsePattern = Literal["local", "strided", "local+strided"]
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 POSITION_KINDS = ("sinusoidal", "learned", "rotary", "none")
 NORMS = ("layer", "rms")
-SINUSOID_LAYOUTS = ("interleaved", "split")
+SINUSOID_LAYOUTS = ("interleaved", "split", "fairseq")
 POOLINGS = ("first", "mean")
 POOLER_ACTIVATIONS = ("tanh", *ACTIVATIONS)
 SPARSE_PATTERNS = ("local", "strided", "local+strided")
@@ -80,8 +80,10 @@ class TransformerConfig:
 
     # --- embeddings and positions ------------------------------------------------------------------
     positions: PositionKind = "sinusoidal"  # paper 3.5; "rotary": RoPE on q and k (see below)
-    sinusoid_layout: SinusoidLayout = "interleaved"  # paper: sin on even dims; "split": sin | cos halves
-    position_offset: int = 0  # learned tables indexed from this offset (BART keeps 2 spare rows)
+    # paper: sin on even dims; "split": sin | cos halves; "fairseq": halves, tensor2tensor's frequencies
+    sinusoid_layout: SinusoidLayout = "interleaved"
+    # position tables indexed from this offset (BART keeps 2 spare rows; M2M100 counts from pad + 1)
+    position_offset: int = 0
     scale_embeddings: bool = True  # paper 3.4: multiply embeddings by sqrt(d_model)
     embedding_norm: bool = False  # LayerNorm after embedding + position (BERT, BART)
     type_vocab_size: int = 0  # segment embeddings (BERT); 0 = none

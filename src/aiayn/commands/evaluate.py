@@ -11,6 +11,7 @@ import json
 
 from aiayn.commands import engine
 from aiayn.commands.train import device_name, positive_int
+from aiayn.commands.translate import add_language_arguments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,8 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "(translation: sacreBLEU and chrF of beam or greedy output). Prints one JSON "
                     "line.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by 'aiayn train', or "
-                        "a Hugging Face checkpoint directory (Marian, BART, T5, GPT-2, Llama, "
-                        "Mistral, Qwen, Gemma, BERT, DistilBERT, RoBERTa, XLM-R)")
+                        "a Hugging Face checkpoint directory (Marian, BART, T5, mBART, M2M100, "
+                        "NLLB, GPT-2, Llama, Mistral, Qwen, Gemma, BERT, DistilBERT, RoBERTa, "
+                        "XLM-R, ModernBERT, DeBERTa)")
     parser.add_argument("--data", required=True, nargs="+", metavar="PATH",
                         help="evaluation data in the task's format (translation: a TSV, or a "
                              "source and a target file)")
@@ -30,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "when the data has a split column, else all; asked of data without "
                              "one, the hash split training used. A language model's plain text: "
                              "train / valid (the run's split) or all (the default)")
+    add_language_arguments(parser)
     parser.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, default=0.6, help="length penalty (GNMT)")
     parser.add_argument("--max-tokens", type=positive_int, default=4000,
@@ -56,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     module = task_module(task) if task != "encoder" else None
     if not hasattr(module, "evaluate"):
         raise ValueError(f"task {task!r} has no evaluation command")
+    if task != "translation" and (args.src_lang or args.tgt_lang):
+        raise ValueError(f"--src-lang / --tgt-lang apply to translation checkpoints, not to a "
+                         f"{task!r} directory")
     if args.split is None:  # a module's EVALUATION_SPLIT None: it decides from the data
         args.split = getattr(module, "EVALUATION_SPLIT", "test")
     result = module.evaluate(args)

@@ -99,9 +99,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from aiayn.commands.engine import engine
     from aiayn.data.parallel import read_pairs, select_split
     from aiayn.tasks.translate import score_translations, translate_texts
-    from aiayn.tasks.checkpoints import load_model_dir
+    from aiayn.tasks.checkpoints import load_model_dir, set_languages
 
     run = load_model_dir(args.run_dir, task="translation")
+    set_languages(run, getattr(args, "src_lang", None), getattr(args, "tgt_lang", None))
     pairs = read_pairs(args.data)
     has_split = any(pair.split is not None for pair in pairs)
     split = args.split or ("test" if has_split else "all")

@@ -1,6 +1,7 @@
 """``aiayn translate RUN_DIR``: translate stdin to stdout, one sentence a line; RUN_DIR is a run of
 ``aiayn train translation``, a run of ``aiayn train text2text`` trained on translation (its task
-prefix is put before each line), or a Hugging Face Marian / BART / T5 checkpoint directory."""
+prefix is put before each line), or a Hugging Face Marian / BART / T5 / mBART / M2M100 / NLLB checkpoint
+directory (the multilingual ones with ``--src-lang`` and ``--tgt-lang``)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ('aiayn train "
                         "translation', or 'aiayn train text2text': its translation prefix is put "
-                        "before each line) or a Hugging Face Marian / BART / T5 checkpoint "
-                        "directory")
+                        "before each line) or a Hugging Face Marian / BART / T5 / mBART / M2M100 "
+                        "/ NLLB checkpoint directory")
+    add_language_arguments(parser)
     parser.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty exponent")
     parser.add_argument("--max-tokens", type=positive_int, default=4000,
@@ -33,11 +35,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def add_language_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--src-lang`` / ``--tgt-lang``: the language pair of a multilingual checkpoint."""
+    parser.add_argument("--src-lang", default=None, metavar="CODE",
+                        help="source language code of a multilingual checkpoint (NLLB eng_Latn, "
+                             "M2M100 en, mBART-50 en_XX): put before each source")
+    parser.add_argument("--tgt-lang", default=None, metavar="CODE",
+                        help="target language code of a multilingual checkpoint: forced as the "
+                             "first generated token (transformers' forced_bos_token_id)")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.data.text_files import decode_lines
-    from aiayn.tasks.checkpoints import directory_task, load_model_dir
+    from aiayn.tasks.checkpoints import directory_task, load_model_dir, set_languages
     from aiayn.tasks.text_to_text import run_prefix
 
     if args.threads:
@@ -45,10 +57,12 @@ def run(args: argparse.Namespace) -> int:
     prefix = ""
     if directory_task(args.run_dir) == "text2text":
         run_ = load_model_dir(args.run_dir, task="text2text")
+        set_languages(run_, args.src_lang, args.tgt_lang)  # none: an error if given
         tokenizer = run_.assets.tokenizer
         prefix = run_prefix(run_.assets.prefixes, "translation", args.run_dir)
     else:
         run_ = load_model_dir(args.run_dir, task="translation")
+        set_languages(run_, args.src_lang, args.tgt_lang)
         tokenizer = run_.assets
     inference = engine.engine(run_.model.to(args.device), args)
     lines: list[str] = []

@@ -14,13 +14,14 @@ Legend: B sentences, K beams, S source length, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from aiayn.decoding.greedy import (DecoderStep, Hypothesis, blocked_tokens, cross_attention_mask,
-                                   decoder_step, output_limits)
+                                   decoder_step, first_tokens, output_limits)
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -93,8 +94,8 @@ def sentence_done(finished: list[Hypothesis], limit: int, position: int, best_li
 
 @torch.no_grad()
 def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_size: int = 4,
-                alpha: float = 0.6, max_extra: int = 50, step: DecoderStep = decoder_step
-                ) -> list[Hypothesis]:
+                alpha: float = 0.6, max_extra: int = 50, step: DecoderStep = decoder_step,
+                forced: Sequence[int] = ()) -> list[Hypothesis]:
     """The best hypothesis of a beam search for each sentence.
 
     Args:
@@ -105,6 +106,9 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
         max_extra: output may be up to source length + ``max_extra`` tokens (paper: 50).
         step: computes each step after the first (default ``decoder_step``; ``aiayn.fast`` passes
             a compiled one).
+        forced: tokens every hypothesis starts with after the start symbol (``greedy_search``'s):
+            scored 0, counted in the length (as transformers counts its forced BOS token), left out
+            of the hypotheses.
 
     Raises:
         ValueError: beam_size < 1 or larger than the vocabulary allows, alpha < 0.
@@ -116,6 +120,7 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
     batch = source.shape[0]
     limits_all = output_limits(source_mask, max_extra=max_extra,
                                model_max_length=config.max_length)
+    limits_all = limits_all.clamp(min=len(forced) + 1)  # room for the forced tokens and </s>
     steps = int(limits_all.max())
     memory = model.encode(source, source_mask)  # (B, S, D)
     mask = cross_attention_mask(source_mask)  # (B, S) or None
@@ -128,11 +133,11 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
     scores = torch.full((batch, K), -torch.inf, device=device)  # (B, K) summed log-probabilities
     scores[:, 0] = 0.0
     history = torch.empty((batch * K, 0), dtype=torch.long, device=device)  # (B*K, t)
-    tokens = torch.full((batch * K, 1), config.decoder_start_id, dtype=torch.long, device=device)
+    tokens = first_tokens(model, batch * K, forced, device)  # (B*K, 1 + F)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     blocked = blocked_tokens(model)
     first = True
-    for position in range(steps):
+    for position in range(len(forced), steps):  # position: of the output token chosen
         n = len(alive)
         if first:  # projects the memory into the cache
             logits = model.decode(tokens, memory, memory_padding_mask=mask, cache=cache)[:, -1]

@@ -10,6 +10,7 @@ Legend: B sentences, S source length, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
@@ -42,6 +43,14 @@ def output_limits(source_mask: Tensor, *, max_extra: int, model_max_length: int)
     return limits.clamp(max=model_max_length)
 
 
+def first_tokens(model: nn.Module, rows: int, forced: Sequence[int], device) -> Tensor:
+    """The decoder's first input (rows, 1 + F): the start symbol, then the ``forced`` tokens (a
+    target language code). A forced token is generated with log-probability 0, as transformers'
+    ``ForcedBOSTokenLogitsProcessor`` scores it, and counts towards the output length."""
+    start = [model.config.decoder_start_id, *(int(token) for token in forced)]
+    return torch.tensor(start, dtype=torch.long, device=device).repeat(rows, 1)  # (rows, 1 + F)
+
+
 def cross_attention_mask(source_mask: Tensor) -> Tensor | None:
     """The memory mask a search passes to its decoding steps: None when no position is padding (one
     sentence, or sentences of one length), so no step masks its cross-attention for nothing."""
@@ -68,7 +77,8 @@ def decoder_step(model: nn.Module, tokens: Tensor, memory_padding_mask: Tensor |
 
 @torch.no_grad()
 def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
-                  max_extra: int = 50, step: DecoderStep = decoder_step) -> list[Hypothesis]:
+                  max_extra: int = 50, step: DecoderStep = decoder_step,
+                  forced: Sequence[int] = ()) -> list[Hypothesis]:
     """The most likely next token at each step, until </s> or the length limit.
 
     Args:
@@ -77,6 +87,9 @@ def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
         max_extra: output may be up to source length + ``max_extra`` tokens (paper: 50).
         step: computes each step after the first (default ``decoder_step``; ``aiayn.fast`` passes
             a compiled one).
+        forced: tokens every output starts with after the start symbol, fed to the decoder with it
+            (transformers' ``forced_bos_token_id``: NLLB's target language code); they count
+            towards the length limit, score 0 and are left out of the hypotheses.
 
     Returns:
         One hypothesis per sentence, in input order.
@@ -84,18 +97,18 @@ def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
     config = model.config
     batch = source.shape[0]
     limits = output_limits(source_mask, max_extra=max_extra, model_max_length=config.max_length)
+    limits = limits.clamp(min=len(forced) + 1)  # room for the forced tokens and </s>
     steps = int(limits.max())
     memory = model.encode(source, source_mask)  # (B, S, D)
     cache = model.new_cache(batch, steps)
-    tokens = torch.full((batch, 1), config.decoder_start_id, dtype=torch.long,
-                        device=source.device)
+    tokens = first_tokens(model, batch, forced, source.device)  # (B, 1 + F)
     alive = torch.arange(batch, device=source.device)  # original index of each row
     results: list[list[int]] = [[] for _ in range(batch)]
     scores = [0.0] * batch
     blocked = blocked_tokens(model)
     mask = cross_attention_mask(source_mask)  # (B, S) or None
     first = True
-    for position in range(steps):
+    for position in range(len(forced), steps):  # position: of the output token chosen
         if first:  # projects the memory into the cache
             logits = model.decode(tokens, memory, memory_padding_mask=mask, cache=cache)[:, -1]
         else:

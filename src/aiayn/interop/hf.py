@@ -29,6 +29,9 @@ Families (one module each, each with an explicit parameter-name map):
                              (and ...Model)                                 norms, windows, soft-caps)
     marian, bart             MarianMTModel / BartForConditionalGeneration   Transformer
                              (MarianModel / BartModel)
+    mbart, m2m_100           MBartForConditionalGeneration /                Transformer (pre-norm;
+                             M2M100ForConditionalGeneration (NLLB-200)      mBART-50, M2M100, NLLB)
+                             (MBartModel / M2M100Model)
     vit                      ViTModel / ViTForImageClassification           VisionTransformer /
                                                                             ImageClassifier
     t5                       T5ForConditionalGeneration / T5Model           Transformer (relative bias)
@@ -48,7 +51,8 @@ from torch import nn
 
 from aiayn.config import TransformerConfig
 from aiayn.interop import (hf_bert, hf_deberta, hf_distilbert, hf_gemma, hf_gpt2, hf_llama,
-                           hf_marian, hf_modernbert, hf_phi3, hf_roberta, hf_t5, hf_vit)
+                           hf_marian, hf_modernbert, hf_multilingual, hf_phi3, hf_roberta, hf_t5,
+                           hf_vit)
 from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, load_state, read_checkpoint,
                                      read_config)
 from aiayn.interop.hf_export import export_state, write_checkpoint
@@ -57,10 +61,10 @@ from aiayn.interop.hf_export import export_state, write_checkpoint
 # (hf_distilbert loads only: it matches no model; hf_phi3 matches what hf_llama matches, so it
 # writes only when ``save_pretrained`` is asked for its model_type).
 FAMILIES = (hf_deberta, hf_modernbert, hf_roberta, hf_bert, hf_distilbert, hf_gemma, hf_llama,
-            hf_phi3, hf_gpt2, hf_t5, hf_marian, hf_vit)
+            hf_phi3, hf_gpt2, hf_t5, hf_multilingual, hf_marian, hf_vit)
 # Families whose HF classes have only the paper's blocks (no RMSNorm, gated FFN, grouped-query
 # attention, head width of its own, relative bias or extra scales): ``PAPER_BLOCKS`` must hold.
-PAPER_FAMILIES = (hf_roberta, hf_bert, hf_gpt2, hf_marian, hf_vit)
+PAPER_FAMILIES = (hf_roberta, hf_bert, hf_gpt2, hf_multilingual, hf_marian, hf_vit)
 PAPER_BLOCKS = dict(norm="layer", layer_norm_bias=True, gated_ffn=False, d_head=None,
                     n_kv_heads=None, relative_attention_buckets=0, scale_attention=True,
                     attention_scale=None, scale_output=False, sliding_window=None,
@@ -175,8 +179,9 @@ def save_pretrained(model: nn.Module, path: str | Path, *, model_type: str | Non
     ``LlamaForCausalLM`` (rotary positions) or ``GPT2LMHeadModel``, ``Transformer`` as
     ``T5ForConditionalGeneration`` (a relative position bias), ``MarianMTModel`` (sinusoidal
     "split" positions) or ``BartForConditionalGeneration`` (learned positions with offset 2 and
-    an embedding LayerNorm), ``VisionTransformer`` / ``ImageClassifier`` as ``ViTModel`` /
-    ``ViTForImageClassification``.
+    an embedding LayerNorm), a pre-norm one as ``MBartForConditionalGeneration`` or
+    ``M2M100ForConditionalGeneration`` (fairseq sinusoidal positions), ``VisionTransformer`` /
+    ``ImageClassifier`` as ``ViTModel`` / ``ViTForImageClassification``.
     ``transformers.AutoModel*.from_pretrained(path)`` then reproduces the model's outputs.
     Files are written atomically (temporary file, fsync, rename).
 

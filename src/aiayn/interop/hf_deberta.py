@@ -10,7 +10,8 @@ with disentangled attention (``aiayn.nn.disentangled``), each setting a Transfor
   ``rel_embeddings`` has 2k rows, k = ``position_buckets`` when > 0 (log-bucketed distances up to
   ``max_relative_positions``), else ``max_relative_positions`` (or ``max_position_embeddings`` when
   that is < 1; distances clamped); ``norm_rel_ebd`` "layer_norm" -> ``norm``
-  (``encoder.LayerNorm``); ``share_att_key`` -> ``share_projections`` (else ``pos_key_proj`` / ``pos_query_proj``).
+  (``encoder.LayerNorm``); ``share_att_key`` -> ``share_projections`` (else ``pos_key_proj`` /
+  ``pos_query_proj``).
 - the score scale (Dh * (1 + number of ``pos_att_type`` terms))^-1/2 -> ``attention_scale``.
 - ``position_biased_input`` -> ``positions`` "learned" (v2) or "none" (v3).
 - The classification head ``pooler.dense`` + ``pooler_hidden_act`` (GELU by default) +

@@ -124,6 +124,9 @@ def _stack(config: TransformerConfig, side: str, prefix: str) -> list[Rule]:
         if config.embedding_norm:
             rules.append(Rule(f"{side}.embeddings.norm.{kind}",
                               (f"{prefix}{side}.layernorm_embedding.{kind}",)))
+    if config.final_norm:  # mBART, M2M100: a LayerNorm after the last layer
+        rules += [Rule(f"{side}.norm.{kind}", (f"{prefix}{side}.layer_norm.{kind}",))
+                  for kind in ("weight", "bias")]
     if config.positions == "learned":
         rules.append(Rule(f"{side}.embeddings.positions.weight",
                           (f"{prefix}{side}.embed_positions.weight",)))
@@ -165,25 +168,34 @@ def name_map(config: TransformerConfig, prefix: str, *, has_head: bool,
             rules.append(Rule("generator.bias", ("final_logits_bias",), layout="row"))
         else:
             new.append("generator.bias")  # MarianModel/BartModel: no logits bias, zeros as in HF
-    constants = {}
-    if config.positions == "sinusoidal":  # Marian's fixed table, saved by older transformers
+    constants, ignore = {}, []
+    if config.positions == "sinusoidal" and config.sinusoid_layout == "split":
+        # Marian's fixed table, saved by older transformers
         table = sinusoidal_table(config.max_length, config.d_model, config.sinusoid_layout)
         constants = {f"{prefix}{side}.embed_positions.weight": table
                      for side in ("encoder", "decoder")}
-    return NameMap(rules, ties=ties, constants=constants, new=new, dropped=dropped)
+    elif config.positions == "sinusoidal":  # M2M100's fixed table (never saved by transformers)
+        ignore = [re.escape(f"{prefix}{side}.embed_positions.weights")
+                  for side in ("encoder", "decoder")]
+    return NameMap(rules, ties=ties, ignore=ignore, constants=constants, new=new,
+                   dropped=dropped)
 
 
 def plan(checkpoint: Checkpoint, architecture: str, task: str | None,
-         overrides: dict[str, Any]) -> tuple[nn.Module, NameMap]:
+         overrides: dict[str, Any], *, make_config=None, family: str = "Marian/BART"
+         ) -> tuple[nn.Module, NameMap]:
+    """The ``Transformer`` and name map of a checkpoint; ``make_config`` (default
+    ``config_from_hf``) translates its config.json (``aiayn.interop.hf_multilingual`` passes its
+    own for mBART and M2M100, which name their weights as BART does)."""
     if task not in (None, "seq2seq"):
-        raise ValueError(f"a Marian/BART checkpoint loads as 'seq2seq', not task={task!r}")
+        raise ValueError(f"a {family} checkpoint loads as 'seq2seq', not task={task!r}")
     prefix = "model." if any(k.startswith("model.") for k in checkpoint.tensors) else ""
     has_head = "final_logits_bias" in checkpoint.tensors or "lm_head.weight" in checkpoint.tensors
     untied_layout = (not checkpoint.config.get("tie_word_embeddings", True)
                      and f"{prefix}encoder.embed_tokens.weight" in checkpoint.tensors)
     if untied_layout:  # separate encoder and decoder matrices, even with one vocabulary
         overrides = {"tie_source_target": False, **overrides}
-    config = config_from_hf(checkpoint.config, checkpoint, overrides)
+    config = (make_config or config_from_hf)(checkpoint.config, checkpoint, overrides)
     target_tokens = f"{prefix}decoder.embed_tokens.weight"
     embedding = checkpoint.tensors.get(target_tokens)
     if (not config.tie_source_target and embedding is not None
@@ -213,6 +225,22 @@ def _flavour(config: TransformerConfig) -> str:
         f"position_offset={config.position_offset}, embedding_norm={config.embedding_norm}")
 
 
+def hf_fields(config: TransformerConfig) -> dict[str, Any]:
+    """The config.json fields that Marian, BART, mBART and M2M100 name alike."""
+    return dict(d_model=config.d_model, vocab_size=config.src_vocab_size,
+                encoder_layers=config.n_encoder_layers, decoder_layers=config.n_decoder_layers,
+                encoder_attention_heads=config.n_heads, decoder_attention_heads=config.n_heads,
+                encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff,
+                max_position_embeddings=config.max_length, dropout=config.dropout,
+                attention_dropout=config.attention_dropout,
+                activation_dropout=config.activation_dropout,
+                activation_function=AIAYN_ACTIVATIONS[config.activation],
+                scale_embedding=config.scale_embeddings, tie_word_embeddings=config.tie_output,
+                pad_token_id=config.pad_id, eos_token_id=config.eos_id,
+                decoder_start_token_id=config.decoder_start_id,
+                init_std=config.init_std or 0.02, is_encoder_decoder=True)
+
+
 def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
     """The HF config.json and name map that write an aiayn ``Transformer`` as Marian or BART."""
     config: TransformerConfig = model.config
@@ -222,18 +250,7 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
         if getattr(config, name) != value:
             raise ValueError(f"cannot export as {flavour}: it needs {name}={value!r}, the model has "
                              f"{name}={getattr(config, name)!r}")
-    hf = dict(model_type=flavour, d_model=config.d_model, vocab_size=config.src_vocab_size,
-              encoder_layers=config.n_encoder_layers, decoder_layers=config.n_decoder_layers,
-              encoder_attention_heads=config.n_heads, decoder_attention_heads=config.n_heads,
-              encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff,
-              max_position_embeddings=config.max_length, dropout=config.dropout,
-              attention_dropout=config.attention_dropout,
-              activation_dropout=config.activation_dropout,
-              activation_function=AIAYN_ACTIVATIONS[config.activation],
-              scale_embedding=config.scale_embeddings, tie_word_embeddings=config.tie_output,
-              pad_token_id=config.pad_id, eos_token_id=config.eos_id,
-              decoder_start_token_id=config.decoder_start_id,
-              init_std=config.init_std or 0.02, is_encoder_decoder=True)
+    hf = dict(model_type=flavour, **hf_fields(config))
     if flavour == "marian":
         hf.update(architectures=["MarianMTModel"], decoder_vocab_size=config.vocab_size,
                   share_encoder_decoder_embeddings=config.tie_source_target, bos_token_id=None)

@@ -20,7 +20,8 @@ from aiayn.nn.positions import LearnedPositions, SinusoidalPositions
 def make_positions(config: TransformerConfig) -> nn.Module | None:
     """The added position vectors; None for "none" and for "rotary" (applied inside attention)."""
     if config.positions == "sinusoidal":
-        return SinusoidalPositions(config.max_length, config.d_model, config.sinusoid_layout)
+        return SinusoidalPositions(config.max_length, config.d_model, config.sinusoid_layout,
+                                   config.position_offset)
     if config.positions == "learned":
         return LearnedPositions(config.max_length, config.d_model, config.position_offset)
     return None

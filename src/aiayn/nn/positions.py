@@ -22,10 +22,20 @@ def sinusoidal_table(length: int, d_model: int, layout: str = "interleaved") -> 
     """(P, D) table of the paper's encoding.
 
     ``layout="interleaved"`` puts sin on even and cos on odd dims as in the paper; ``"split"`` puts all
-    sines in the first half and all cosines in the second (the same frequencies; Marian's layout).
+    sines in the first half and all cosines in the second (the same frequencies; Marian's layout);
+    ``"fairseq"`` is tensor2tensor's variant that fairseq, M2M100 and NLLB use: sin | cos halves with
+    frequencies 10000^(-i / (D/2 - 1)), i = 0 .. D/2 - 1 (the last one exactly 1/10000, where the
+    paper's stops one step short), computed in float32 as transformers' M2M100 computes it.
     """
     if d_model % 2:
         raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
+    if layout == "fairseq":
+        half = d_model // 2
+        if half < 2:
+            raise ValueError(f"the fairseq sinusoid layout needs d_model >= 4, got {d_model}")
+        frequency = torch.exp(torch.arange(half).float() * -(math.log(10000) / (half - 1)))  # (D/2,)
+        angles = torch.arange(length).float().unsqueeze(1) * frequency.unsqueeze(0)  # (P, D/2)
+        return torch.cat([angles.sin(), angles.cos()], dim=1)  # (P, D)
     position = torch.arange(length, dtype=torch.float64).unsqueeze(1)  # (P, 1)
     inverse_frequency = torch.exp(  # 1 / 10000^(2i / D), i = 0 .. D/2 - 1
         torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
@@ -36,7 +46,8 @@ def sinusoidal_table(length: int, d_model: int, layout: str = "interleaved") -> 
     elif layout == "split":
         table[:, : d_model // 2], table[:, d_model // 2:] = angles.sin(), angles.cos()
     else:
-        raise ValueError(f"unknown sinusoid layout {layout!r}; choose 'interleaved' or 'split'")
+        raise ValueError(f"unknown sinusoid layout {layout!r}; choose 'interleaved', 'split' or "
+                         f"'fairseq'")
     return table.float()
 
 
@@ -61,12 +72,17 @@ class _PositionTable(nn.Module):
 
 
 class SinusoidalPositions(_PositionTable):
-    """The paper's fixed encoding; a buffer, not a parameter, and not saved in checkpoints."""
+    """The paper's fixed encoding; a buffer, not a parameter, and not saved in checkpoints.
 
-    def __init__(self, max_length: int, d_model: int, layout: str = "interleaved"):
+    ``offset``: position p reads row p + offset of the encoding (fairseq / M2M100 count positions
+    from padding_idx + 1: the encoding of 2 for the first token when the pad id is 1).
+    """
+
+    def __init__(self, max_length: int, d_model: int, layout: str = "interleaved",
+                 offset: int = 0):
         super().__init__()
-        self.max_length, self.offset = max_length, 0
-        self.register_buffer("encoding", sinusoidal_table(max_length, d_model, layout),
+        self.max_length, self.offset = max_length, offset
+        self.register_buffer("encoding", sinusoidal_table(max_length + offset, d_model, layout),
                              persistent=False)
 
     def table(self) -> Tensor:

@@ -27,16 +27,44 @@ BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece byte fallback (L
 
 class Seq2SeqTokenizer:
     """A checkpoint's tokenizer as the translation task uses one: ids without the final ``</s>``
-    (the batcher appends it) and texts decoded without special tokens."""
+    (the batcher appends it) and texts decoded without special tokens.
+
+    Attributes:
+        source_prefix: ids put before every source text instead of the tokenizer's own special
+            tokens (a source language code, ``set_languages``); empty: the tokenizer's template.
+        target_prefix: ids every translation starts with, forced after the decoder's start
+            symbol (a target language code: transformers' ``forced_bos_token_id``).
+    """
 
     def __init__(self, tokenizer, directory: Path, *, eos_id: int):
         self.tokenizer, self.directory, self.eos_id = tokenizer, Path(directory), eos_id
         self.vocab_size = tokenizer.vocab_size
+        self.source_prefix: list[int] = []
+        self.target_prefix: list[int] = []
+
+    def set_languages(self, src_lang: str | None, tgt_lang: str | None, *,
+                      model_type: str | None = None) -> None:
+        """Translate from ``src_lang`` to ``tgt_lang`` (codes of a multilingual tokenizer: NLLB's
+        ``eng_Latn``, M2M100's ``en``, mBART-50's ``en_XX``; see ``aiayn.interop.hf_languages``).
+        Called with None, None it checks that the checkpoint needs no codes.
+
+        Raises:
+            ValueError: a multilingual checkpoint without both codes, an unknown code, or codes
+                for a tokenizer without any.
+        """
+        from aiayn.interop.hf_languages import language_codes, language_ids
+
+        languages = language_codes(self.directory, model_type=model_type)
+        self.source_prefix, self.target_prefix = language_ids(languages, self.tokenizer,
+                                                              src_lang, tgt_lang)
 
     def _strip(self, ids: list[int]) -> list[int]:
         return ids[:-1] if ids and ids[-1] == self.eos_id else ids
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        if self.source_prefix:
+            return [self.source_prefix + self.tokenizer.encode(text, add_special_tokens=False)
+                    for text in texts]
         return [self._strip(self.tokenizer.encode(text)) for text in texts]
 
     def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
@@ -109,6 +137,22 @@ def directory_task(path: str | Path) -> str:
                              f"Face checkpoint directory (no config.json)")
         return read_run_info(path)["task"]  # also: not found, not a directory, corrupt run.json
     return HF_TASKS[checkpoint_task(path)]
+
+
+def set_languages(run: Run, src_lang: str | None, tgt_lang: str | None) -> None:
+    """Point a translation ``Run``'s tokenizer at a language pair (``Seq2SeqTokenizer
+    .set_languages``); an aiayn run directory takes no language codes.
+
+    Raises:
+        ValueError: as ``Seq2SeqTokenizer.set_languages``; codes given for a run directory.
+    """
+    if isinstance(run.assets, Seq2SeqTokenizer) and (run.path / "config.json").is_file():
+        model_type = json.loads((run.path / "config.json").read_text(encoding="utf-8")).get(
+            "model_type")
+        run.assets.set_languages(src_lang, tgt_lang, model_type=model_type)
+    elif src_lang is not None or tgt_lang is not None:
+        raise ValueError(f"{run.path}: --src-lang / --tgt-lang apply to multilingual Hugging Face "
+                         f"checkpoints (NLLB, M2M100, mBART-50), not to an aiayn run directory")
 
 
 def load_model_dir(path: str | Path, *, task: str | None = None, model_task: str | None = None

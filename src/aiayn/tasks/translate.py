@@ -24,10 +24,12 @@ if TYPE_CHECKING:
 
 def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_size: int = 4,
                   alpha: float = 0.6, max_tokens: int = 4000, max_extra: int = 50,
-                  engine: "InferenceEngine | None" = None) -> list[list[int]]:
+                  engine: "InferenceEngine | None" = None, forced: Sequence[int] = ()
+                  ) -> list[list[int]]:
     """Output ids (no </s>) for source id sequences (no </s>), in input order; ``engine`` (an
     ``aiayn.fast.InferenceEngine`` prepared for ``model``) runs the searches, else the plain
-    ``greedy_search`` / ``beam_search``."""
+    ``greedy_search`` / ``beam_search``. ``forced``: ids every output starts with (a target
+    language code), left out of the outputs."""
     if engine is None:
         greedy, beam = partial(greedy_search, model), partial(beam_search, model)
     elif engine.model is not model:
@@ -48,10 +50,12 @@ def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_si
                         bos_id=config.bos_id, eos_id=config.eos_id)
         source = batch.source.to(device)
         mask = source != config.pad_id
+        options = {"forced": list(forced)} if forced else {}
         if beam_size == 1:
-            hypotheses = greedy(source, mask, max_extra=max_extra)
+            hypotheses = greedy(source, mask, max_extra=max_extra, **options)
         else:
-            hypotheses = beam(source, mask, beam_size=beam_size, alpha=alpha, max_extra=max_extra)
+            hypotheses = beam(source, mask, beam_size=beam_size, alpha=alpha, max_extra=max_extra,
+                              **options)
         for index, hypothesis in zip(indices, hypotheses):
             outputs[index] = hypothesis.tokens
     return outputs
@@ -60,7 +64,9 @@ def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_si
 def translate_texts(model: nn.Module, tokenizer: SubwordTokenizer, texts: Sequence[str], *,
                     beam_size: int = 4, alpha: float = 0.6, max_tokens: int = 4000,
                     engine: "InferenceEngine | None" = None) -> list[str]:
-    """Detokenized translations of ``texts`` (empty text -> empty translation)."""
+    """Detokenized translations of ``texts`` (empty text -> empty translation). A checkpoint's
+    tokenizer set to a language pair (``Seq2SeqTokenizer.set_languages``) puts the source code in
+    each source and forces the target code first in each translation."""
     outputs = [""] * len(texts)
     keep = [i for i, text in enumerate(texts) if text.strip()]
     if not keep:
@@ -69,7 +75,8 @@ def translate_texts(model: nn.Module, tokenizer: SubwordTokenizer, texts: Sequen
     model.eval()
     with torch.inference_mode():
         hypotheses = translate_ids(model, ids, beam_size=beam_size, alpha=alpha,
-                                   max_tokens=max_tokens, engine=engine)
+                                   max_tokens=max_tokens, engine=engine,
+                                   forced=getattr(tokenizer, "target_prefix", ()))
     for i, text in zip(keep, tokenizer.decode(hypotheses)):
         outputs[i] = text
     return outputs

@@ -1,0 +1,123 @@
+"""Language codes of multilingual translation checkpoints (NLLB-200, M2M100, mBART-50): where the
+source and target codes go, read from the tokenizer files as ``transformers`` reads them.
+
+    tokenizer_class          source ids                         target (generate)
+    NllbTokenizer            [src_lang] tokens </s>             </s> [tgt_lang] ...
+    M2M100Tokenizer          [__src__] tokens </s>              </s> [__tgt__] ...
+    MBart50Tokenizer         [src_lang] tokens </s>             </s> [tgt_lang] ...
+
+The source code is the first source token (transformers' non-legacy NLLB behaviour; an NLLB
+tokenizer saved with ``legacy_behaviour: true``, ``tokens </s> [src_lang]``, is refused). The
+decoder starts from ``decoder_start_token_id`` (</s>) and the target code is forced as the first
+generated token, which is transformers' ``forced_bos_token_id``: aiayn's searches take it as
+``forced`` tokens (``aiayn.decoding.greedy.first_tokens``). The codes are the tokenizer's
+``additional_special_tokens`` (tokenizer_config.json or special_tokens_map.json); M2M100's may be
+given bare (``en`` for ``__en__``), as transformers' ``M2M100Tokenizer`` takes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiayn.interop.hf_tokenizer import read_json_object
+
+# tokenizer_class (without "Fast") -> the family named in messages
+LANGUAGE_TOKENIZERS = {"NllbTokenizer": "NLLB", "M2M100Tokenizer": "M2M100",
+                       "MBart50Tokenizer": "mBART-50"}
+SHOWN = 6  # codes listed in an error message
+
+
+@dataclass(frozen=True)
+class LanguageCodes:
+    """What a checkpoint directory's tokenizer says about languages.
+
+    Attributes:
+        family: "NLLB", "M2M100" or "mBART-50"; None for a tokenizer without language codes.
+        codes: its language codes, in the tokenizer's order.
+        legacy: an NLLB tokenizer with ``legacy_behaviour`` (the code after </s>).
+    """
+
+    directory: Path
+    family: str | None
+    codes: tuple[str, ...]
+    legacy: bool = False
+
+    def examples(self) -> str:
+        shown = ", ".join(self.codes[:SHOWN])
+        return f"{shown}, ... ({len(self.codes)} codes)" if len(self.codes) > SHOWN else shown
+
+    def code(self, value: str, option: str) -> str:
+        """The tokenizer's token for ``value`` (M2M100: ``en`` -> ``__en__``).
+
+        Raises:
+            ValueError: ``value`` is not one of the codes; the message lists some.
+        """
+        if value in self.codes:
+            return value
+        if self.family == "M2M100" and f"__{value}__" in self.codes:
+            return f"__{value}__"
+        raise ValueError(f"{self.directory}: {option} {value!r} is not a language code of this "
+                         f"{self.family} tokenizer; it has {self.examples()}")
+
+
+def language_codes(directory: str | Path, *, model_type: str | None = None) -> LanguageCodes:
+    """The language codes of a checkpoint directory's tokenizer (``family`` None: it has none).
+    ``model_type`` "m2m_100" marks the checkpoint as multilingual whatever its tokenizer class."""
+    directory = Path(directory)
+    settings = read_json_object(directory / "tokenizer_config.json")
+    name = str(settings.get("tokenizer_class") or "").removesuffix("Fast")
+    family = LANGUAGE_TOKENIZERS.get(name)
+    if family is None and model_type == "m2m_100":
+        family = "NLLB" if name.startswith("Nllb") else "M2M100"
+    codes: list[str] = []
+    sources = (settings.get("additional_special_tokens"), settings.get("extra_special_tokens"),
+               read_json_object(directory / "special_tokens_map.json")
+               .get("additional_special_tokens"))
+    for listed in sources:
+        for token in listed if isinstance(listed, list) else []:
+            token = token.get("content") if isinstance(token, dict) else token
+            if isinstance(token, str) and token not in codes:
+                codes.append(token)
+    return LanguageCodes(directory, family, tuple(codes),
+                         legacy=bool(settings.get("legacy_behaviour", False)))
+
+
+def language_ids(languages: LanguageCodes, tokenizer, src_lang: str | None,
+                 tgt_lang: str | None) -> tuple[list[int], list[int]]:
+    """(ids put before each source text, ids forced at the start of each output) for a
+    translation from ``src_lang`` to ``tgt_lang``; ([], []) for a checkpoint without language
+    codes, given none.
+
+    Raises:
+        ValueError: a multilingual checkpoint without ``src_lang`` or ``tgt_lang`` (naming the
+            missing option, listing some codes), a code the tokenizer lacks, codes given to a
+            checkpoint without language codes, or an NLLB tokenizer in legacy mode.
+    """
+    given = [name for name, value in (("--src-lang", src_lang), ("--tgt-lang", tgt_lang))
+             if value is not None]
+    if languages.family is None:
+        if given:
+            raise ValueError(f"{languages.directory}: {' / '.join(given)} apply to multilingual "
+                             f"checkpoints (NLLB, M2M100, mBART-50); this tokenizer has no "
+                             f"language codes")
+        return [], []
+    missing = [name for name, value in (("--src-lang", src_lang), ("--tgt-lang", tgt_lang))
+               if value is None]
+    if missing:
+        raise ValueError(f"{languages.directory}: a {languages.family} checkpoint translates "
+                         f"between languages: give {' and '.join(missing)} (src_lang / tgt_lang "
+                         f"in Python), codes such as {languages.examples()}")
+    if languages.legacy:
+        raise ValueError(f"{languages.directory}: tokenizer_config.json sets "
+                         f"legacy_behaviour=true (the source code after </s>); aiayn puts it "
+                         f"first, as transformers does by default")
+    ids = []
+    for value, option in ((src_lang, "--src-lang"), (tgt_lang, "--tgt-lang")):
+        token = languages.code(value, option)
+        index = tokenizer.token_to_id(token)
+        if index is None:
+            raise ValueError(f"{languages.directory}: {option} {value!r}: the tokenizer lists "
+                             f"{token!r} but its vocabulary has no such token")
+        ids.append(index)
+    return [ids[0]], [ids[1]]
