@@ -187,6 +187,31 @@ def save_results(path: Path, results: dict) -> None:
     os.replace(tmp, path)
 
 
+def encoder_inference_main(script: str, description: str, run: Callable[..., list[dict]],
+                           layers: int, argv: list[str]) -> None:
+    """The command line of an encoder-inference comparison (``--rounds``, ``--layers``, ``--out``):
+    ``run(rounds=, layers=)`` -> rows, printed and, with ``--out``, saved with the command, the CPU
+    and the versions."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=layers)
+    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    rows = run(rounds=args.rounds, layers=args.layers)
+    for row in rows:
+        print(f"{row['benchmark']:<42} {row['ours_value']:8.0f} vs {row['peer_value']:8.0f} "
+              f"tokens/s  ratio {row['ratio']:.3f}  (max |diff| {row['max_abs_difference']:.1e})")
+    if args.out is not None:
+        import transformers
+
+        command = f"python3 benchmarks/{script} " + " ".join(argv)
+        save_results(args.out, dict(command=command.strip(), cpu=cpu_name(),
+                                    torch=torch.__version__,
+                                    transformers=transformers.__version__, rows=rows))
+
+
 # --- the optimizer each side's own training code builds ------------------------------------------
 # Same hyper-parameters on every side (AdamW, lr 1e-4, betas (0.9, 0.999), eps 1e-8, weight decay
 # 0.1 on matrices only); the implementation is the one each library's training code picks on CPU:

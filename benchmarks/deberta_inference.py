@@ -15,13 +15,11 @@ agree first.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-from common import alternate, cpu_name, save_results, setup
+from common import alternate, encoder_inference_main, setup
 
 LAYERS, LENGTH, BATCH = 4, 128, 8
 
@@ -80,22 +78,7 @@ def run(*, rounds: int, layers: int) -> list[dict]:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--layers", type=int, default=LAYERS)
-    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
-    args = parser.parse_args(argv)
-    rows = run(rounds=args.rounds, layers=args.layers)
-    for row in rows:
-        print(f"{row['benchmark']:<42} {row['ours_value']:8.0f} vs {row['peer_value']:8.0f} "
-              f"tokens/s  ratio {row['ratio']:.3f}  (max |diff| {row['max_abs_difference']:.1e})")
-    if args.out is not None:
-        import transformers
-
-        command = "python3 benchmarks/deberta_inference.py " + " ".join(argv)
-        save_results(args.out, dict(command=command.strip(), cpu=cpu_name(),
-                                    torch=torch.__version__,
-                                    transformers=transformers.__version__, rows=rows))
+    encoder_inference_main("deberta_inference.py", __doc__.splitlines()[0], run, LAYERS, argv)
 
 
 if __name__ == "__main__":

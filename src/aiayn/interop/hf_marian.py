@@ -212,17 +212,31 @@ def matches(model: nn.Module) -> bool:
     return isinstance(model, Transformer)
 
 
-def _flavour(config: TransformerConfig) -> str:
-    marian = dict(positions="sinusoidal", sinusoid_layout="split", embedding_norm=False)
-    bart = dict(positions="learned", position_offset=2, embedding_norm=True,
-                tie_source_target=True)
-    for name, wanted in (("marian", marian), ("bart", bart)):
+def pick_flavour(config: TransformerConfig, flavours: dict[str, dict[str, Any]]) -> str:
+    """The first of ``flavours`` (name -> the config values it needs) whose values the config has.
+
+    Raises:
+        ValueError: none fits; the message gives what each needs and what the model has.
+    """
+    for name, wanted in flavours.items():
         if all(getattr(config, field) == value for field, value in wanted.items()):
             return name
-    raise ValueError(
-        f"cannot export as Marian or BART: Marian needs {marian}, BART needs {bart}; the model has "
-        f"positions={config.positions!r}, sinusoid_layout={config.sinusoid_layout!r}, "
-        f"position_offset={config.position_offset}, embedding_norm={config.embedding_norm}")
+    fields = sorted({field for wanted in flavours.values() for field in wanted})
+    names = " or ".join(FLAVOUR_NAMES.get(name, name) for name in flavours)
+    needs = ", ".join(f"{FLAVOUR_NAMES.get(name, name)} needs {wanted}"
+                      for name, wanted in flavours.items())
+    has = ", ".join(f"{field}={getattr(config, field)!r}" for field in fields)
+    raise ValueError(f"cannot export as {names}: {needs}; the model has {has}")
+
+
+FLAVOUR_NAMES = {"marian": "Marian", "bart": "BART", "mbart": "mBART", "m2m_100": "M2M100"}
+
+
+def _flavour(config: TransformerConfig) -> str:
+    return pick_flavour(config, {
+        "marian": dict(positions="sinusoidal", sinusoid_layout="split", embedding_norm=False),
+        "bart": dict(positions="learned", position_offset=2, embedding_norm=True,
+                     tie_source_target=True)})
 
 
 def hf_fields(config: TransformerConfig) -> dict[str, Any]:

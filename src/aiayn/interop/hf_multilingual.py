@@ -89,17 +89,11 @@ def matches(model: nn.Module) -> bool:
 
 
 def _flavour(config: TransformerConfig) -> str:
-    mbart = dict(positions="learned", position_offset=2, embedding_norm=True)
-    m2m = dict(positions="sinusoidal", sinusoid_layout="fairseq", position_offset=config.pad_id + 1,
-               embedding_norm=False, output_bias=False)
-    for name, wanted in (("mbart", mbart), ("m2m_100", m2m)):
-        if all(getattr(config, field) == value for field, value in wanted.items()):
-            return name
-    raise ValueError(
-        f"cannot export as mBART or M2M100: mBART needs {mbart}, M2M100 needs {m2m}; the model "
-        f"has positions={config.positions!r}, sinusoid_layout={config.sinusoid_layout!r}, "
-        f"position_offset={config.position_offset}, embedding_norm={config.embedding_norm}, "
-        f"output_bias={config.output_bias}")
+    return hf_marian.pick_flavour(config, {
+        "mbart": dict(positions="learned", position_offset=2, embedding_norm=True),
+        "m2m_100": dict(positions="sinusoidal", sinusoid_layout="fairseq",
+                        position_offset=config.pad_id + 1, embedding_norm=False,
+                        output_bias=False)})
 
 
 def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
