@@ -11,8 +11,10 @@ tokenizer saved with ``legacy_behaviour: true``, ``tokens </s> [src_lang]``, is 
 decoder starts from ``decoder_start_token_id`` (</s>) and the target code is forced as the first
 generated token, which is transformers' ``forced_bos_token_id``: aiayn's searches take it as
 ``forced`` tokens (``aiayn.decoding.greedy.first_tokens``). The codes are the tokenizer's
-``additional_special_tokens`` (tokenizer_config.json or special_tokens_map.json); M2M100's may be
-given bare (``en`` for ``__en__``), as transformers' ``M2M100Tokenizer`` takes them.
+``additional_special_tokens`` (tokenizer_config.json or special_tokens_map.json), except for
+M2M100's own tokenizer (``sentencepiece.bpe.model``, ``aiayn.interop.hf_m2m100_tokenizer``): its
+language set, listed or not, as ``M2M100Tokenizer.get_lang_id`` takes them. M2M100's may be given
+bare (``en`` for ``__en__``), as transformers' ``M2M100Tokenizer`` takes them.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.interop.hf_tokenizer import read_json_object
+from aiayn.interop.hf_m2m100_tokenizer import language_tokens
+from aiayn.interop.hf_tokenizer import (additional_special_tokens, is_m2m100_directory,
+                                        read_json_object)
 
 # tokenizer_class (without "Fast") -> the family named in messages
 LANGUAGE_TOKENIZERS = {"NllbTokenizer": "NLLB", "M2M100Tokenizer": "M2M100",
@@ -70,16 +74,12 @@ def language_codes(directory: str | Path, *, model_type: str | None = None) -> L
     family = LANGUAGE_TOKENIZERS.get(name)
     if family is None and model_type == "m2m_100":
         family = "NLLB" if name.startswith("Nllb") else "M2M100"
-    codes: list[str] = []
-    sources = (settings.get("additional_special_tokens"), settings.get("extra_special_tokens"),
-               read_json_object(directory / "special_tokens_map.json")
-               .get("additional_special_tokens"))
-    for listed in sources:
-        for token in listed if isinstance(listed, list) else []:
-            token = token.get("content") if isinstance(token, dict) else token
-            if isinstance(token, str) and token not in codes:
-                codes.append(token)
-    return LanguageCodes(directory, family, tuple(codes),
+    if family == "M2M100" and not (directory / "tokenizer.json").is_file() \
+            and is_m2m100_directory(directory):  # M2M100's own tokenizer: its language set
+        codes = language_tokens(directory)
+    else:
+        codes = tuple(additional_special_tokens(directory))
+    return LanguageCodes(directory, family, codes,
                          legacy=bool(settings.get("legacy_behaviour", False)))
 
 

@@ -1,5 +1,5 @@
 """Marian's tokenizer: SentencePiece models ``source.spm`` / ``target.spm`` plus the ids of
-``vocab.json``, as ``transformers.MarianTokenizer`` uses them (``sentencepiece`` imported lazily).
+``vocab.json``, as ``transformers.MarianTokenizer`` uses them (``aiayn.interop.hf_sentencepiece``).
 
 Encoding splits a text into pieces with the source model (a leading ``>>xx<<`` language code is kept
 as one token), looks each piece up in ``vocab.json`` (a piece it lacks is ``<unk>``) and appends
@@ -11,19 +11,11 @@ punctuation with ``sacremoses`` when that package is installed; aiayn does not.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+
+from aiayn.interop.hf_sentencepiece import WORD_START, load_model, piece_ids, read_json
 
 SOURCE_SPM, TARGET_SPM, VOCAB = "source.spm", "target.spm", "vocab.json"
-WORD_START = "\u2581"
-
-
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not a readable JSON file ({error})") from None
 
 
 class MarianTokenizer:
@@ -37,22 +29,17 @@ class MarianTokenizer:
     """
 
     def __init__(self, directory: str | Path):
-        try:
-            import sentencepiece
-        except ImportError:
-            raise ValueError("a Marian tokenizer (source.spm / target.spm) needs the sentencepiece "
-                             "package: pip install sentencepiece") from None
         directory = Path(directory)
         for name in (SOURCE_SPM, TARGET_SPM, VOCAB):
             if not (directory / name).is_file():
                 raise FileNotFoundError(f"{directory / name}: missing (a Marian tokenizer needs "
                                         f"{SOURCE_SPM}, {TARGET_SPM} and {VOCAB})")
-        settings = _json(directory / "tokenizer_config.json") \
+        settings = read_json(directory / "tokenizer_config.json") \
             if (directory / "tokenizer_config.json").is_file() else {}
-        self.vocabulary: dict[str, int] = _json(directory / VOCAB)
+        self.vocabulary: dict[str, int] = read_json(directory / VOCAB)
         self.separate = bool(settings.get("separate_vocabs", False))
         target_file = directory / str(settings.get("target_vocab_file") or "target_vocab.json")
-        self.target_vocabulary = _json(target_file) if self.separate else self.vocabulary
+        self.target_vocabulary = read_json(target_file) if self.separate else self.vocabulary
         names = {"unk_token": settings.get("unk_token", "<unk>"),
                  "eos_token": settings.get("eos_token", "</s>"),
                  "pad_token": settings.get("pad_token", "<pad>")}
@@ -60,14 +47,7 @@ class MarianTokenizer:
         if missing:
             raise ValueError(f"{directory / VOCAB}: no entry for {', '.join(missing)}")
         self.special_ids = {name: self.vocabulary[token] for name, token in names.items()}
-        self.models = []
-        for name in (SOURCE_SPM, TARGET_SPM):
-            model = sentencepiece.SentencePieceProcessor()
-            try:
-                model.Load(str(directory / name))
-            except (OSError, RuntimeError) as error:
-                raise ValueError(f"{directory / name}: not a SentencePiece model ({error})") from None
-            self.models.append(model)
+        self.models = [load_model(directory / name, "Marian") for name in (SOURCE_SPM, TARGET_SPM)]
         self._tokens = {index: token for token, index in self.target_vocabulary.items()}
         self.files = [SOURCE_SPM, TARGET_SPM, VOCAB] + (
             [target_file.name] if self.separate else [])
@@ -101,7 +81,7 @@ class MarianTokenizer:
         vocabulary = self.target_vocabulary if target else self.vocabulary
         unk = vocabulary.get("<unk>", self.special_ids["unk_token"])
         pieces = self.tokens(text, add_special_tokens=False, target=target)
-        ids = [vocabulary.get(piece, unk) for piece in pieces]
+        ids = piece_ids(pieces, vocabulary, unk)
         return ids + ([self.special_ids["eos_token"]] if add_special_tokens else [])
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[int]]:

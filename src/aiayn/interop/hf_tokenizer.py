@@ -3,10 +3,12 @@
 ``tokenizer.json`` (any model: BERT WordPiece, GPT-2 byte-level BPE, ...) is loaded as is; a BERT
 directory with only ``vocab.txt`` gets the standard BERT WordPiece pipeline (lower-casing from
 ``tokenizer_config.json``'s ``do_lower_case``); a Marian directory (``source.spm``, ``target.spm``,
-``vocab.json``) gets ``aiayn.interop.hf_marian_tokenizer``. Padding and truncation stored in
-``tokenizer.json`` (all-MiniLM-L6-v2 pads every text to 128) are switched off: aiayn builds its own
-padding masks. Decoding skips special tokens and, where ``tokenizer_config.json`` asks for it
-(``clean_up_tokenization_spaces``), removes the spaces before punctuation as ``transformers`` does.
+``vocab.json``) gets ``aiayn.interop.hf_marian_tokenizer``, an M2M100 directory
+(``sentencepiece.bpe.model``, ``vocab.json``) ``aiayn.interop.hf_m2m100_tokenizer``. Padding and
+truncation stored in ``tokenizer.json`` (all-MiniLM-L6-v2 pads every text to 128) are switched off:
+aiayn builds its own padding masks. Decoding skips special tokens and, where
+``tokenizer_config.json`` asks for it (``clean_up_tokenization_spaces``), removes the spaces before
+punctuation as ``transformers`` does.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 # with the checkpoint's generation settings (a run fine-tuned from it generates as it did).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "vocab.json", "merges.txt", "source.spm", "target.spm", "target_vocab.json",
-                   "chat_template.jinja", "generation_config.json")
+                   "sentencepiece.bpe.model", "chat_template.jinja", "generation_config.json")
 SPECIAL_TOKENS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token",
                   "eos_token")
 
@@ -112,19 +114,35 @@ def has_tokenizer(path: str | Path) -> bool:
     """Whether ``path`` holds tokenizer files ``load_tokenizer`` reads."""
     directory = Path(path)
     return any((directory / name).is_file()
-               for name in ("tokenizer.json", "vocab.txt", "source.spm"))
+               for name in ("tokenizer.json", "vocab.txt", "source.spm")) or \
+        is_m2m100_directory(directory)
+
+
+def is_m2m100_directory(path: str | Path) -> bool:
+    """Whether ``path`` holds M2M100's own tokenizer: ``sentencepiece.bpe.model`` and
+    ``vocab.json``, with ``M2M100Tokenizer`` as ``tokenizer_class`` if it names one (Speech2Text
+    ships the same two files)."""
+    directory = Path(path)
+    if not ((directory / "sentencepiece.bpe.model").is_file()
+            and (directory / "vocab.json").is_file()):
+        return False
+    name = read_json_object(directory / "tokenizer_config.json").get("tokenizer_class")
+    return name is None or name == "M2M100Tokenizer"
 
 
 def copy_tokenizer_files(source: str | Path, destination: str | Path) -> list[str]:
-    """Copy a checkpoint's tokenizer files into ``destination`` (created); returns their names."""
+    """Copy a checkpoint's tokenizer files into ``destination`` (created); returns their names.
+    A ``sentencepiece.bpe.model`` beside a ``tokenizer.json`` (XLM-R, NLLB, mBART) is left: only
+    M2M100's own tokenizer reads it."""
     import shutil
 
     source, destination = Path(source), Path(destination)
     destination.mkdir(parents=True, exist_ok=True)
     same = source.resolve() == destination.resolve()  # e.g. a BPE learned into the run directory
+    unread = {"sentencepiece.bpe.model"} if (source / "tokenizer.json").is_file() else set()
     copied = []
     for name in TOKENIZER_FILES:
-        if (source / name).is_file():
+        if name not in unread and (source / name).is_file():
             if not same:
                 shutil.copyfile(source / name, destination / name)
             copied.append(name)
@@ -147,9 +165,27 @@ def special_tokens(directory: str | Path) -> dict[str, str]:
     return specials
 
 
+def additional_special_tokens(directory: str | Path) -> list[str]:
+    """The extra special tokens a checkpoint directory lists (multilingual checkpoints' language
+    codes): ``tokenizer_config.json``'s ``additional_special_tokens`` (transformers 5:
+    ``extra_special_tokens``), then ``special_tokens_map.json``'s, without repeats."""
+    directory = Path(directory)
+    settings = read_json_object(directory / "tokenizer_config.json")
+    tokens: list[str] = []
+    for listed in (settings.get("additional_special_tokens"), settings.get("extra_special_tokens"),
+                   read_json_object(directory / "special_tokens_map.json")
+                   .get("additional_special_tokens")):
+        for token in listed if isinstance(listed, list) else []:
+            token = token.get("content") if isinstance(token, dict) else token
+            if isinstance(token, str) and token not in tokens:
+                tokens.append(token)
+    return tokens
+
+
 def load_tokenizer(path: str | Path):
     """The tokenizer of an HF checkpoint directory: ``tokenizer.json``, else BERT's ``vocab.txt``,
-    else Marian's ``source.spm`` / ``target.spm`` / ``vocab.json`` (a ``MarianTokenizer``).
+    else Marian's ``source.spm`` / ``target.spm`` / ``vocab.json`` (a ``MarianTokenizer``), else
+    M2M100's ``sentencepiece.bpe.model`` / ``vocab.json`` (an ``M2M100Tokenizer``).
 
     Raises:
         FileNotFoundError: the directory has neither file.
@@ -179,8 +215,13 @@ def load_tokenizer(path: str | Path):
         from aiayn.interop.hf_marian_tokenizer import MarianTokenizer
 
         return MarianTokenizer(directory)
+    elif is_m2m100_directory(directory):
+        from aiayn.interop.hf_m2m100_tokenizer import M2M100Tokenizer
+
+        return M2M100Tokenizer(directory)
     else:
         raise FileNotFoundError(f"{directory}: no tokenizer found (looked for tokenizer.json, "
-                                f"vocab.txt and Marian's source.spm)")
+                                f"vocab.txt, Marian's source.spm and M2M100's "
+                                f"sentencepiece.bpe.model + vocab.json)")
     return PretrainedTokenizer(tokenizer, specials,
                                clean_up=bool(settings.get("clean_up_tokenization_spaces", False)))

@@ -3,9 +3,9 @@
 ``load_model_dir`` returns a ``Run`` either way, so ``translate``, ``evaluate``, ``generate``,
 ``classify``, ``attention`` and ``embed`` read both alike. A checkpoint's task comes from the family
 registry of ``aiayn.interop.hf`` (its config.json's ``architectures``), and its tokenizer files
-(``tokenizer.json``, BERT's ``vocab.txt`` or Marian's SentencePiece models) become the assets that
-task's commands expect: the adapters below give a checkpoint's tokenizer the interface of the
-tokenizers aiayn trains, with the ids the ``transformers`` tokenizer makes.
+(``tokenizer.json``, BERT's ``vocab.txt``, Marian's or M2M100's SentencePiece models) become the
+assets that task's commands expect: the adapters below give a checkpoint's tokenizer the interface
+of the tokenizers aiayn trains, with the ids the ``transformers`` tokenizer makes.
 """
 
 from __future__ import annotations
@@ -193,8 +193,9 @@ def checkpoint_assets(path: Path, task: str, config) -> Any:
     path = Path(path)
     require_fast_tokenizer(path)
     if not has_tokenizer(path):
-        raise ValueError(f"{path}: no tokenizer files (tokenizer.json, vocab.txt, or Marian's "
-                         f"source.spm / target.spm / vocab.json); commands need the checkpoint's "
+        raise ValueError(f"{path}: no tokenizer files (tokenizer.json, vocab.txt, Marian's "
+                         f"source.spm / target.spm / vocab.json, or M2M100's "
+                         f"sentencepiece.bpe.model / vocab.json); commands need the checkpoint's "
                          f"tokenizer next to its weights")
     if task == "translation":
         return Seq2SeqTokenizer(load_tokenizer(path), path, eos_id=config.eos_id)
