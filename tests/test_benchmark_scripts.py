@@ -300,6 +300,32 @@ def test_modernbert_inference_times_both_sides_on_full_and_padded_rows(tmp_path)
 
 
 # --- quality against classic baselines ----------------------------------------------------------
+def test_multilingual_translation_times_greedy_and_beam_on_equal_work(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "multilingual.json"
+    _run(tmp_path, "multilingual_translation.py", "--scale", "0.05", "--layers", "1", "--new",
+         "33", "--batch", "3", "--rounds", "1", "--out", str(out))
+    result = _read_json(out)
+    assert "--scale 0.05" in result["command"] and result["torch"] and result["transformers"]
+    assert result["cpu"] and result["threads"] >= 1
+    assert [row["decoding"] for row in result["rows"]] == ["greedy", "beam4"]
+    greedy, beam = result["rows"]
+    assert greedy["same_tokens"] is True and greedy["identical_sentences"] == 3
+    for row in result["rows"]:
+        assert row["sentences"] == 3 and row["new_tokens_per_sentence"] == 33
+        assert row["aiayn_tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0 and row["ratio"] > 0
+        assert row["aiayn_sentences_per_s"] > 0 and row["hf_sentences_per_s"] > 0
+        assert len(row["ratios"]) == row["rounds"] == 1
+    assert 0 <= beam["identical_sentences"] <= 3
+
+
+def test_multilingual_translation_refuses_a_limit_below_the_longest_source(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run([sys.executable, str(BENCH / "multilingual_translation.py"), "--new",
+                           "20"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--new must be >= 33" in done.stderr
+
+
 def test_classification_tfidf_baseline_against_a_run(tmp_path):
     pytest.importorskip("sklearn")
     from aiayn.cli import main
