@@ -11,16 +11,15 @@ as they are.
   the rest validate (the character split of ``aiayn.data.text.split_text``). Each split is encoded
   in chunks of about 64 K characters that end after a line ending in a non-space character and
   before a line starting with one (GPT-2's pre-tokenizer never joins text across such a point).
-  Each chunk after the first is encoded after the last line of the one before (its last 1 K
-  characters at most), and the ids of that line, encoded alone in the same call, are dropped from
-  the front. So a tokenizer that marks the start of a text (SentencePiece's ``Metaspace``, Llama
-  2's) marks the start of the split only, and the ids are those of encoding the whole split at
-  once. Where the ids of the line alone are not a prefix of those of the line and the chunk (a
-  token joins the two), that chunk is encoded on its own, with a warning. No special tokens are
-  added. It
-  writes ``train.bin``, ``val.bin`` and ``tokens.json`` (the counts, the dtype, and what they were
-  made from, so a resumed run reuses them only when the text and the tokenizer are the same),
-  under temporary names renamed when complete; ``TokenFiles.open`` maps them again.
+  Each chunk after the first is encoded after the last line of the one before (at most 1 K
+  characters, ``_context``) in the same call as that line alone, whose ids are dropped from the
+  front: a tokenizer that marks the start of a text (SentencePiece's ``Metaspace``, Llama 2's) then
+  marks only the split's start, and the ids are those of encoding the whole split at once. Where
+  the line's ids are not a prefix of the line + chunk's (a token joins the two), that chunk is
+  encoded alone, with a warning. No special tokens are added. It writes ``train.bin``,
+  ``val.bin`` and ``tokens.json`` (the counts, the dtype, and what they were made from, so a
+  resumed run reuses them only when the text and the tokenizer are the same), under temporary
+  names renamed when complete; ``TokenFiles.open`` maps them again.
 - ``encode_text``: a range of a text's characters encoded the same way, in memory (evaluation).
 - ``TokenFiles.open_nanogpt``: nanoGPT's prepared directory (``train.bin`` + ``val.bin``, uint16).
 
@@ -144,17 +143,10 @@ def _context(chunk: str) -> str:
 def _encode_into(chunks: Iterator[str], encode_batch: EncodeBatch, out: BinaryIO,
                  dtype: np.dtype, vocab_size: int, where: str,
                  position: _Position | None = None) -> tuple[int, int]:
-    """Encode ``chunks`` and append the ids to ``out``; (tokens, characters) written.
-
-    Each chunk after the first is encoded after the end of the one before (``_context``), whose
-    ids, encoded alone in the same call, are dropped from the front (see the module docstring).
-
-    ``position``: where the first chunk starts in ``where`` (advanced past the chunks), so that a
-    character outside a ``CharVocabulary`` is reported at its line and column.
-
-    Where the context's ids are not a prefix of those of the context and the chunk (the tokenizer
-    joins the end of a line and the start of the next into one token), the chunk is encoded on
-    its own instead, and a warning counts such chunk starts.
+    """Encode ``chunks`` (each after ``_context`` of the one before, as the module docstring says)
+    and append the ids to ``out``; (tokens, characters) written. ``position``: where the first
+    chunk starts in ``where`` (advanced past the chunks), so that a character outside a
+    ``CharVocabulary`` is reported at its line and column.
 
     Raises:
         ValueError: an id outside the vocabulary.
