@@ -217,9 +217,12 @@ def _hf_tokenizer(kind, directory, scratch):
 
 @pytest.fixture(scope="module")
 def nllb_dir(tmp_path_factory):
+    return build_nllb(tmp_path_factory.mktemp("nllb"), tmp_path_factory.mktemp("nllb-scratch"))
+
+
+def build_nllb(directory, scratch):
     """A small NLLB-like checkpoint: M2M100 weights + an NllbTokenizerFast's files."""
-    directory = tmp_path_factory.mktemp("nllb")
-    _hf_tokenizer("nllb", directory, tmp_path_factory.mktemp("nllb-scratch"))
+    _hf_tokenizer("nllb", directory, scratch)
     vocab = transformers.AutoTokenizer.from_pretrained(directory).__len__()
     hf = build_hf("m2m_100", vocab=vocab, untied=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory, src_lang="eng_Latn")

@@ -43,8 +43,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_embedding_lr_scale(group)
     group.add_argument("--init", default=None, metavar="DIR",
                        help="fine-tune a pretrained model: an aiayn translation run or a Hugging "
-                            "Face Marian / BART checkpoint directory (its tokenizer and vocabulary "
-                            "are kept; --preset and --vocab-size are ignored, --set applies)")
+                            "Face Marian / BART / T5 / mBART / M2M100 / NLLB checkpoint directory "
+                            "(its tokenizer and vocabulary are kept; --preset and --vocab-size "
+                            "are ignored, --set applies)")
+    group.add_argument("--src-lang", default=None, metavar="CODE",
+                       help="with --init of a multilingual checkpoint: the data's source language "
+                            "code (NLLB eng_Latn, M2M100 en, mBART-50 en_XX), put before each "
+                            "source; the run keeps it")
+    group.add_argument("--tgt-lang", default=None, metavar="CODE",
+                       help="with --init of a multilingual checkpoint: the data's target language "
+                            "code, the first token of each target (transformers' text_target "
+                            "labels) and forced first when the run translates")
     # The default preset trains in minutes on a laptop CPU; see docs/translation.md.
     parser.set_defaults(preset=DEFAULT_PRESET, warmup=400, lr_factor=0.5, clip_norm=1.0,
                         best_metric="bleu", best_mode="max", log_every=20,
@@ -70,6 +79,7 @@ def apply_recipe(args: argparse.Namespace) -> dict[str, Any]:
 
 def make_task(args: argparse.Namespace):
     from aiayn.commands.train import parse_overrides
+    from aiayn.tasks.checkpoints import set_language_pair
     from aiayn.tasks.pretrained import load_pretrained_model
     from aiayn.tasks.translation import TranslationTask
 
@@ -78,6 +88,10 @@ def make_task(args: argparse.Namespace):
     if args.init:
         pretrained = load_pretrained_model(args.init, "translation")
         pretrained.config = pretrained.config.replace(**parse_overrides(args.set))
+        set_language_pair(pretrained.tokenizer, args.init, args.src_lang, args.tgt_lang)
+    elif args.src_lang is not None or args.tgt_lang is not None:
+        raise ValueError("--src-lang / --tgt-lang need --init: a multilingual checkpoint (NLLB, "
+                         "M2M100, mBART-50) or a run fine-tuned from one")
     args.lr_scales = embedding_lr_scales(args, pretrained.config if pretrained else None)
     return TranslationTask(args.data, run_dir=args.out, vocab_size=args.vocab_size,
                            max_tokens=args.max_tokens, max_length=args.max_length,

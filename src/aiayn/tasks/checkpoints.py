@@ -33,14 +33,18 @@ class Seq2SeqTokenizer:
         source_prefix: ids put before every source text instead of the tokenizer's own special
             tokens (a source language code, ``set_languages``); empty: the tokenizer's template.
         target_prefix: ids every translation starts with, forced after the decoder's start
-            symbol (a target language code: transformers' ``forced_bos_token_id``).
+            symbol (a target language code: transformers' ``forced_bos_token_id``). Training
+            targets start with it too, as transformers' ``text_target`` labels do.
+        languages: the codes ``set_languages`` was given, as a run saves them ({} when unset).
     """
 
-    def __init__(self, tokenizer, directory: Path, *, eos_id: int):
+    def __init__(self, tokenizer, directory: Path, *, eos_id: int, model_type: str | None = None):
         self.tokenizer, self.directory, self.eos_id = tokenizer, Path(directory), eos_id
+        self.model_type = model_type  # config.json's; marks an M2M100 tokenizer without a class
         self.vocab_size = tokenizer.vocab_size
         self.source_prefix: list[int] = []
         self.target_prefix: list[int] = []
+        self.languages: dict[str, str] = {}
 
     def set_languages(self, src_lang: str | None, tgt_lang: str | None, *,
                       model_type: str | None = None) -> None:
@@ -54,9 +58,12 @@ class Seq2SeqTokenizer:
         """
         from aiayn.interop.hf_languages import language_codes, language_ids
 
-        languages = language_codes(self.directory, model_type=model_type)
+        self.model_type = model_type or self.model_type
+        languages = language_codes(self.directory, model_type=self.model_type)
         self.source_prefix, self.target_prefix = language_ids(languages, self.tokenizer,
                                                               src_lang, tgt_lang)
+        self.languages = ({"src_lang": src_lang, "tgt_lang": tgt_lang} if self.target_prefix
+                          else {})
 
     def _strip(self, ids: list[int]) -> list[int]:
         return ids[:-1] if ids and ids[-1] == self.eos_id else ids
@@ -68,7 +75,13 @@ class Seq2SeqTokenizer:
         return [self._strip(self.tokenizer.encode(text)) for text in texts]
 
     def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
-        """Target-side ids (Marian's target SentencePiece model; others: as ``encode``)."""
+        """Target-side ids, what the decoder reads after its start symbol and learns to write
+        before </s>: ``[tgt_lang] tokens`` with a language pair set (transformers'
+        ``text_target`` labels without their </s>), Marian's target SentencePiece model's ids, or
+        as ``encode``."""
+        if self.target_prefix:
+            return [self.target_prefix + self.tokenizer.encode(text, add_special_tokens=False)
+                    for text in texts]
         if hasattr(self.tokenizer, "models"):
             return [self._strip(self.tokenizer.encode(text, target=True)) for text in texts]
         return self.encode(texts)
@@ -140,19 +153,28 @@ def directory_task(path: str | Path) -> str:
 
 
 def set_languages(run: Run, src_lang: str | None, tgt_lang: str | None) -> None:
-    """Point a translation ``Run``'s tokenizer at a language pair (``Seq2SeqTokenizer
-    .set_languages``); an aiayn run directory takes no language codes.
+    """Point a translation ``Run``'s tokenizer at a language pair: ``set_language_pair``."""
+    set_language_pair(run.assets, run.path, src_lang, tgt_lang)
+
+
+def set_language_pair(assets: Any, path: Path, src_lang: str | None, tgt_lang: str | None
+                      ) -> None:
+    """Point the translation assets of the model directory ``path`` at a language pair
+    (``Seq2SeqTokenizer.set_languages``). A run fine-tuned from a multilingual checkpoint keeps
+    the pair it trained on (run.json): there each code is optional, and one given replaces that
+    side.
 
     Raises:
-        ValueError: as ``Seq2SeqTokenizer.set_languages``; codes given for a run directory.
+        ValueError: as ``Seq2SeqTokenizer.set_languages``; codes given for a run with aiayn's own
+            tokenizer.
     """
-    if isinstance(run.assets, Seq2SeqTokenizer) and (run.path / "config.json").is_file():
-        model_type = json.loads((run.path / "config.json").read_text(encoding="utf-8")).get(
-            "model_type")
-        run.assets.set_languages(src_lang, tgt_lang, model_type=model_type)
+    if isinstance(assets, Seq2SeqTokenizer):
+        saved = assets.languages
+        assets.set_languages(src_lang or saved.get("src_lang"), tgt_lang or saved.get("tgt_lang"))
     elif src_lang is not None or tgt_lang is not None:
-        raise ValueError(f"{run.path}: --src-lang / --tgt-lang apply to multilingual Hugging Face "
-                         f"checkpoints (NLLB, M2M100, mBART-50), not to an aiayn run directory")
+        raise ValueError(f"{path}: --src-lang / --tgt-lang apply to multilingual Hugging Face "
+                         f"checkpoints (NLLB, M2M100, mBART-50) and runs fine-tuned from them, "
+                         f"not to a run with aiayn's own tokenizer")
 
 
 def load_model_dir(path: str | Path, *, task: str | None = None, model_task: str | None = None
@@ -188,7 +210,8 @@ def load_model_dir(path: str | Path, *, task: str | None = None, model_task: str
 
 def checkpoint_assets(path: Path, task: str, config) -> Any:
     """The assets a run of ``task`` would hold, made from a checkpoint's tokenizer files."""
-    from aiayn.interop.hf_tokenizer import has_tokenizer, load_tokenizer, require_fast_tokenizer
+    from aiayn.interop.hf_tokenizer import (has_tokenizer, load_tokenizer, read_json_object,
+                                            require_fast_tokenizer)
 
     path = Path(path)
     require_fast_tokenizer(path)
@@ -198,7 +221,9 @@ def checkpoint_assets(path: Path, task: str, config) -> Any:
                          f"sentencepiece.bpe.model / vocab.json); commands need the checkpoint's "
                          f"tokenizer next to its weights")
     if task == "translation":
-        return Seq2SeqTokenizer(load_tokenizer(path), path, eos_id=config.eos_id)
+        model_type = read_json_object(path / "config.json").get("model_type")
+        return Seq2SeqTokenizer(load_tokenizer(path), path, eos_id=config.eos_id,
+                                model_type=model_type if isinstance(model_type, str) else None)
     if task == "lm":
         return TextTokenizer(load_tokenizer(path), path)
     from aiayn.data.wordpiece import WordPieceTokenizer
@@ -238,20 +263,30 @@ def sentence_length(path: Path, default: int) -> int:
 
 
 def save_pretrained_tokenizer(tokenizer, run_dir: Path) -> dict[str, Any]:
-    """Copy a checkpoint tokenizer's files into ``run_dir``; the assets entry that names them."""
+    """Copy a checkpoint tokenizer's files into ``run_dir``; the assets entry that names them (and
+    a translation tokenizer's language pair, with the checkpoint's model_type)."""
     from aiayn.interop.hf_tokenizer import copy_tokenizer_files
 
     files = copy_tokenizer_files(tokenizer.directory, Path(run_dir) / TOKENIZER_DIR)
-    return {"tokenizer": TOKENIZER_DIR, "tokenizer_files": files}
+    saved = {"tokenizer": TOKENIZER_DIR, "tokenizer_files": files}
+    if getattr(tokenizer, "languages", None):
+        saved["languages"] = {**tokenizer.languages, "model_type": tokenizer.model_type}
+    return saved
 
 
 def load_pretrained_tokenizer(run_dir: Path, assets: dict[str, Any], config):
-    """The tokenizer adapter a run started from a checkpoint saved (None for aiayn's own)."""
+    """The tokenizer adapter a run started from a checkpoint saved (None for aiayn's own), set to
+    the language pair it was trained on."""
     if assets.get("tokenizer") != TOKENIZER_DIR:
         return None
     from aiayn.interop.hf_tokenizer import load_tokenizer
 
     directory = Path(run_dir) / TOKENIZER_DIR
-    if config.n_encoder_layers and config.n_decoder_layers:
-        return Seq2SeqTokenizer(load_tokenizer(directory), directory, eos_id=config.eos_id)
-    return TextTokenizer(load_tokenizer(directory), directory)
+    if not (config.n_encoder_layers and config.n_decoder_layers):
+        return TextTokenizer(load_tokenizer(directory), directory)
+    languages = assets.get("languages") or {}
+    tokenizer = Seq2SeqTokenizer(load_tokenizer(directory), directory, eos_id=config.eos_id,
+                                 model_type=languages.get("model_type"))
+    if languages:
+        tokenizer.set_languages(languages.get("src_lang"), languages.get("tgt_lang"))
+    return tokenizer

@@ -220,7 +220,8 @@ class TranslationTask(PairBatches):
         count = min(self.valid_bleu_sentences, len(self.valid_pairs))
         if count:
             outputs = translate_ids(model, self.tokenizer.encode(
-                [p.source for p in self.valid_pairs[:count]]), beam_size=1)
+                [p.source for p in self.valid_pairs[:count]]), beam_size=1,
+                forced=getattr(self.tokenizer, "target_prefix", ()))
             hypotheses = self.tokenizer.decode(outputs)
             metrics.update(score_translations(hypotheses,
                                               [p.target for p in self.valid_pairs[:count]]))
