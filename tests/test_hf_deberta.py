@@ -3,10 +3,13 @@
 logits (both head layouts) and classifier logits within 1e-4 at every real position of
 right-padded rows, for v3-style (shared projections, log buckets, LayerNorm'd relative embeddings,
 no absolute positions) and v2-style (own position projections, clamped distances, absolute
-positions) configs with both and with one score term; the terms matter; the disentangled terms
-against explicit loops; Microsoft's file layout; heads a checkpoint lacks; round trips through
-``save_pretrained``; the commands on a checkpoint directory with a SentencePiece-unigram
-tokenizer.json; refusals naming the field."""
+positions) configs with both and with one score term; the terms matter; inputs past
+max_position_embeddings without an absolute table (refused with one); a seeded training run with
+dropout (each layer's own mask of the relative table); the shared projections computing no value
+rows; the disentangled terms against explicit loops; Microsoft's file layout; heads a checkpoint
+lacks; round trips through ``save_pretrained``; the commands on a checkpoint directory with a
+SentencePiece-unigram tokenizer.json, cutting texts to max_position_embeddings; refusals naming
+the field."""
 
 from __future__ import annotations
 
@@ -88,6 +91,92 @@ def test_in_memory_models_and_the_unfused_projections_agree():
     got, want = outputs(hf, aiayn.interop.hf.from_transformers(hf, fused_projections=False,
                                                                 attention="reference"))
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+# --- inputs past max_position_embeddings ---------------------------------------------------------
+LONG = {  # max_position_embeddings 512 and no absolute table: relative distances only
+    "v3-base-buckets": dict(V3, position_buckets=256, max_relative_positions=-1,
+                            max_position_embeddings=512),
+    "v3-8-buckets": dict(V3, max_position_embeddings=512),
+    "clamped": dict(V2, position_biased_input=False, max_position_embeddings=512)}
+
+
+@pytest.mark.parametrize("variant", sorted(LONG))
+def test_inputs_past_max_position_embeddings_equal_transformers_without_an_absolute_table(
+        variant):
+    """transformers runs a model without ``position_biased_input`` on any length, its distances
+    bucketed up to ``max_relative_positions`` and clamped to the 2k rows: so does aiayn."""
+    hf = hf_model("Model", **LONG[variant])
+    ours = aiayn.interop.hf.from_transformers(hf)
+    assert ours.config.max_length == 512
+    got, want = outputs(hf, ours, lengths=[600, 530, 7])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+def test_inputs_past_an_absolute_table_or_another_familys_cap_are_refused():
+    ours = aiayn.interop.hf.from_transformers(hf_model("Model", **V2))  # positions "learned", 64
+    ids, mask = padded_ids(VOCAB, [65], pad=0)
+    with pytest.raises(ValueError, match="65 positions exceeds the position table"):
+        ours(ids, padding_mask=mask)
+    # no absolute table and no disentangled attention (T5's relative bias): max_length holds
+    config = TransformerConfig(vocab_size=VOCAB, d_model=16, n_heads=2, d_ff=16,
+                               n_encoder_layers=1, n_decoder_layers=0, positions="none",
+                               relative_attention_buckets=8, max_length=64)
+    with pytest.raises(ValueError, match="65 positions exceeds max_length=64"):
+        TransformerEncoder(config)(ids)
+
+
+# --- dropout on the relative table, each layer its own mask --------------------------------------
+def test_each_layer_drops_the_relative_table_with_a_mask_of_its_own():
+    """Training with dropout (transformers' ``pos_dropout`` in every layer's attention, drawn
+    after the embeddings' dropout and before the layer's output dropouts): the same seed gives
+    the same outputs as transformers, so every layer draws its own mask where transformers does;
+    in eval mode the outputs agree too."""
+    hf = hf_model("Model", hidden_dropout_prob=0.2)  # 30 positions: the whole table of 16 rows
+    ours = aiayn.interop.hf.from_transformers(hf)
+    assert ours.config.dropout == 0.2 and ours.config.attention_dropout == 0.0
+    hf.train(), ours.train()
+    ids, mask = padded_ids(VOCAB, LENGTHS, pad=0)
+    tables = []
+    dropout = ours.encoder.relative.dropout
+    hook = dropout.register_forward_hook(lambda module, args, out: tables.append(out))
+    with torch.no_grad():
+        torch.manual_seed(1)
+        want = hf(ids, attention_mask=mask.long()).last_hidden_state
+        torch.manual_seed(1)
+        got = ours(ids, padding_mask=mask)
+    hook.remove()
+    torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-4)
+    assert len(tables) == 2 and tables[0].shape == (16, 64)
+    assert not torch.equal(tables[0] == 0, tables[1] == 0)  # two layers, two masks
+    hf.eval(), ours.eval()
+    got, want = outputs(hf, ours)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+# --- the shared projections of the relative table ------------------------------------------------
+@pytest.mark.parametrize("fused", [True, False])
+def test_shared_projections_project_the_table_to_queries_and_keys_only(fused):
+    """DeBERTa-v3's ``share_att_key``: the layer's query and key projections project the table,
+    its value rows are never computed (counted in FLOPs), and the outputs equal transformers'
+    with fused and separate projections alike."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from aiayn.nn.disentangled import project_query_key
+
+    hf = hf_model("Model")
+    ours = aiayn.interop.hf.from_transformers(hf, fused_projections=fused)
+    got, want = outputs(hf, ours)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    attention = ours.encoder.layers[0].self_attention
+    table = torch.randn(1, 16, 64)  # (1, R, D)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        q_r, k_r = project_query_key(attention, table)
+    assert counter.get_total_flops() == 2 * 16 * 64 * (2 * 64)  # (R, D) x (D, 2D), no values
+    with torch.no_grad():
+        q_all, k_all, _ = attention.project(table)
+    torch.testing.assert_close(q_r, q_all, rtol=0, atol=1e-6)
+    torch.testing.assert_close(k_r, k_all, rtol=0, atol=1e-6)
 
 
 def test_masked_lm_head_in_transformers_5s_layout(tmp_path):
@@ -306,6 +395,22 @@ def test_classify_evaluate_and_fine_tune_a_deberta_classifier(tmp_path, capsys):
     capsys.readouterr()
     assert main(["classify", str(run), "--text", TEXTS[0]]) == 0
     assert capsys.readouterr().out.split("\t")[0] in builders.LABELS
+
+
+def test_the_commands_cut_texts_to_max_position_embeddings(tmp_path, capsys):
+    """The model runs longer inputs, but ``classify`` (like ``evaluate`` and ``embed``) keeps the
+    checkpoint's limit: a long text is cut to max_position_embeddings (64) tokens, as
+    transformers' tokenizer cuts it with truncation."""
+    tokenizer, model, directory = deberta_directory(tmp_path / "hf")
+    text = " ".join(TEXTS * 8)
+    assert len(tokenizer(text)["input_ids"]) > 64
+    with torch.no_grad():
+        encoded = tokenizer([text], truncation=True, max_length=64, return_tensors="pt")
+        probabilities = model(**encoded).logits.softmax(-1)[0]
+    assert main(["classify", str(directory), "--text", text]) == 0
+    label, probability = capsys.readouterr().out.split("\t")[:2]
+    assert label == builders.LABELS[probabilities.argmax()]
+    assert float(probability) == pytest.approx(probabilities.max().item(), abs=6e-5)
 
 
 def test_embed_a_deberta_encoder(tmp_path, capsys):

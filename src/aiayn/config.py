@@ -48,7 +48,8 @@ class TransformerConfig:
     d_ff: int = 2048  # [d_ff]
     n_encoder_layers: int = 6  # [N]
     n_decoder_layers: int = 6  # [N]
-    max_length: int = 1024  # size of the position table; longer inputs are an error
+    max_length: int = 1024  # size of the position table; longer inputs are an error (not with
+    # disentangled_attention and positions "none": DeBERTa-v3 reads relative distances only)
 
     # --- regularisation (paper 5.4) ----------------------------------------------------------------
     dropout: float = 0.1  # [P_drop]: residual and embedding dropout

@@ -13,7 +13,9 @@ with disentangled attention (``aiayn.nn.disentangled``), each setting a Transfor
   (``encoder.LayerNorm``); ``share_att_key`` -> ``share_projections`` (else ``pos_key_proj`` /
   ``pos_query_proj``).
 - the score scale (Dh * (1 + number of ``pos_att_type`` terms))^-1/2 -> ``attention_scale``.
-- ``position_biased_input`` -> ``positions`` "learned" (v2) or "none" (v3).
+- ``position_biased_input`` -> ``positions`` "learned" (v2) or "none" (v3);
+  ``max_position_embeddings`` -> ``max_length``: the commands' token limit, and the input limit of
+  a v2 model; a v3 model (relative distances only) runs longer inputs, as transformers does.
 - The classification head ``pooler.dense`` + ``pooler_hidden_act`` (GELU by default) +
   ``classifier`` on the first token: aiayn's pooler and classifier.
 - The masked-LM head, BERT's dense + activation + LayerNorm + the tied word embeddings + a bias, in

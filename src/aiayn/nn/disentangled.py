@@ -18,10 +18,15 @@ i - j: k + bucket(i - j), clamped to [0, 2k). Beyond k / 2 distances are log-buc
 
 The pieces compose as T5's relative bias does: the encoder stack owns the table of relative
 embeddings (``RelativeEmbeddings``: the rows, their LayerNorm, the (T, S) row index of every pair)
-and hands it to every layer; each layer's ``DisentangledTerms`` turns it, with that layer's q and k,
+and hands it to every layer; each layer's ``DisentangledTerms`` drops it out (a mask of its own, as
+each of DeBERTa's layers applies its own ``pos_dropout``) and turns it, with that layer's q and k,
 into an additive score term (B, H, T, S), already scaled, that goes to the attention kernel as its
 ``position_bias``. The kernel's own scale (``TransformerConfig.attention_scale``, which the DeBERTa
 loader sets to (Dh * (1 + terms))^-1/2) scales q . k and the terms alike.
+
+Only relative distances enter, so a model without absolute positions (DeBERTa-v3) runs on
+sequences of any length, as transformers runs it: a distance of ``max_distance`` or more
+(unbucketed: k or more) reads the last row of the table, its negative the first.
 
 The config is one field, ``TransformerConfig.disentangled_attention``: a dict with the keys of
 ``Disentangled`` (checked by ``disentangled_spec``).
@@ -36,6 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
@@ -128,16 +134,18 @@ def relative_rows(length: int, spec: Disentangled, device: torch.device) -> Tens
 
 @dataclass
 class RelativeTable:
-    """What a stack hands its layers: the relative embeddings (R, D) and the row of every query-key
-    pair (T, S)."""
+    """What a stack hands its layers: the relative embeddings (R, D), the row of every query-key
+    pair (T, S) and the dropout each layer applies to the embeddings (a mask of its own)."""
 
     embeddings: Tensor
     rows: Tensor
+    dropout: nn.Module | None = None
 
 
 class RelativeEmbeddings(nn.Module):
     """The stack's table of 2k relative embeddings (DeBERTa's ``rel_embeddings``), its optional
-    LayerNorm and dropout (DeBERTa's ``pos_dropout``, training only)."""
+    LayerNorm, and the dropout (DeBERTa's ``pos_dropout``, training only) that each layer applies
+    to it separately."""
 
     def __init__(self, spec: Disentangled, d_model: int, *, eps: float, dropout: float):
         super().__init__()
@@ -160,7 +168,7 @@ class RelativeEmbeddings(nn.Module):
             table, rows = table[low:high], rows - low  # (R', D), (T, T) into R'
         if self.norm is not None:
             table = self.norm(table)  # row by row: cutting first changes nothing
-        return RelativeTable(self.dropout(table), rows)
+        return RelativeTable(table, rows, self.dropout)
 
     def extra_repr(self) -> str:
         spec = self.spec
@@ -169,8 +177,9 @@ class RelativeEmbeddings(nn.Module):
 
 class DisentangledTerms(nn.Module):
     """One layer's c2p and p2c terms (eq. 4), scaled by its kernel's scale, as an additive (B, H,
-    T, S) score term. Without ``share_projections`` it owns the projections of the relative
-    embeddings: ``key_proj`` (c2p's k_r) and ``query_proj`` (p2c's q_r)."""
+    T, S) score term. With ``share_projections`` the layer's own query and key projections project
+    the relative embeddings (their value rows are not computed); without, it owns those
+    projections: ``key_proj`` (c2p's k_r) and ``query_proj`` (p2c's q_r)."""
 
     def __init__(self, spec: Disentangled, d_model: int, inner: int):
         super().__init__()
@@ -184,9 +193,12 @@ class DisentangledTerms(nn.Module):
                 attention: "SelfAttention") -> Tensor:
         """q (B, H, T, Dh), k (B, H, S, Dh) of ``attention`` (the layer whose projections and kernel
         scale are used) -> (B, H, T, S)."""
-        relative = table.embeddings.unsqueeze(0)  # (1, R, D)
+        relative = table.embeddings
+        if table.dropout is not None:  # a fresh mask in every layer, as DeBERTa's pos_dropout
+            relative = table.dropout(relative)
+        relative = relative.unsqueeze(0)  # (1, R, D)
         if self.share_projections:
-            q_r, k_r, _ = attention.project(relative)  # (1, H, R, Dh) each
+            q_r, k_r = project_query_key(attention, relative)  # (1, H, R, Dh) each
         else:
             q_r = None if self.query_proj is None else attention.split_heads(
                 self.query_proj(relative))  # (1, H, R, Dh)
@@ -202,6 +214,24 @@ class DisentangledTerms(nn.Module):
             index = rows.transpose(0, 1).expand(batch, heads, *reversed(rows.shape))  # (B,H,S,T)
             score = score + by_row.gather(-1, index).transpose(-1, -2)  # (B, H, T, S)
         return score * attention.kernel.score_scale(q.shape[-1])
+
+
+def project_query_key(attention: "SelfAttention", x: Tensor) -> tuple[Tensor, Tensor]:
+    """What ``attention.project`` gives as queries (B, H, L, Dh) and keys (B, Hkv, L, Dh) of x
+    (B, L, D), without computing the values: fused projections use the query and key rows of
+    their (D, 3D) weight only."""
+    if attention.fused_projections:
+        queries, keys, _ = attention.split_sizes
+        rows = queries + keys
+        proj = attention.qkv_proj
+        bias = None if proj.bias is None else proj.bias[:rows]
+        q, k = F.linear(x, proj.weight[:rows], bias).split((queries, keys), dim=-1)  # (B, L, *)
+    else:
+        q, k = attention.q_proj(x), attention.k_proj(x)
+    q, k = attention.split_heads(q), attention.split_heads(k, attention.n_kv_heads)
+    if attention.q_norm is not None:  # QK-norm, as ``project`` applies it
+        q, k = attention.q_norm(q), attention.k_norm(k)
+    return q, k
 
 
 def per_row(x: Tensor, table: Tensor) -> Tensor:

@@ -35,7 +35,13 @@ class Embeddings(nn.Module):
         self.tokens = tokens
         self.scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
         self.positions = make_positions(config)
-        self.max_length = config.max_length
+        # Without an absolute table the length is still capped at max_length, except under
+        # DeBERTa's disentangled attention (aiayn.nn.disentangled), which reads only relative
+        # distances, clamped or bucketed: such a model (DeBERTa-v3) runs any length, as in
+        # transformers.
+        self.max_length = (None if config.positions == "none"
+                           and config.disentangled_attention is not None
+                           else config.max_length)
         self.token_types = (nn.Embedding(config.type_vocab_size, config.d_model)
                             if config.type_vocab_size else None)
         self.norm = layer_norm(config) if config.embedding_norm else None
@@ -58,7 +64,7 @@ class Embeddings(nn.Module):
             x = x * self.scale
         if self.positions is not None:
             x = x + self.positions(ids.shape[1], start, positions)  # (T, D) or (B, T, D)
-        elif start + ids.shape[1] > self.max_length:
+        elif self.max_length is not None and start + ids.shape[1] > self.max_length:
             raise ValueError(f"sequence of {start + ids.shape[1]} positions exceeds "
                              f"max_length={self.max_length}")
         if self.token_types is not None:
