@@ -246,3 +246,37 @@ def test_run_fine_tuned_from_it_keeps_the_files(m2m100_dir, tmp_path):
     copied = copy_tokenizer_files(tmp_path / "with-json", tmp_path / "copy")
     assert "tokenizer.json" in copied and "sentencepiece.bpe.model" not in copied
     assert not (tmp_path / "copy" / "sentencepiece.bpe.model").exists()
+
+
+def test_fine_tuning_pairs_are_m2m100_tokenizer_text_targets(m2m100_dir, tmp_path):
+    """``train translation --init DIR --src-lang en --tgt-lang fr`` trains on ``M2M100Tokenizer
+    (src, text_target=tgt)``'s ids, and the run reloads with its pair (M2M100's own tokenizer,
+    whose codes come from the language set, kept with the checkpoint's model_type)."""
+    from aiayn.cli import main
+    from aiayn.tasks.checkpoints import load_model_dir, set_language_pair
+    from aiayn.tasks.pretrained import load_pretrained_model
+    from aiayn.tasks.translation import TranslationTask
+
+    theirs = transformers.AutoTokenizer.from_pretrained(m2m100_dir, src_lang="en", tgt_lang="fr")
+    texts = [(en, de) for en, de in pairs(80)  # pairs that fit the position table
+             if max(len(theirs(en)["input_ids"]), len(theirs(de)["input_ids"])) < 60][:30]
+    assert len(texts) >= 10
+    data = tmp_path / "pairs.tsv"
+    data.write_text("".join(f"{en}\t{de}\n" for en, de in texts), encoding="utf-8")
+    pretrained = load_pretrained_model(m2m100_dir, "translation")
+    set_language_pair(pretrained.tokenizer, m2m100_dir, "en", "fr")
+    task = TranslationTask([data], pretrained=pretrained, valid_fraction=0.0, test_fraction=0.0,
+                           max_ratio=1000.0)
+    want = theirs([en for en, _ in texts], text_target=[de for _, de in texts])
+    assert [ids + [EOS] for ids in task.train_source] == want["input_ids"]
+    assert [ids + [EOS] for ids in task.train_target] == want["labels"]
+
+    out = tmp_path / "run"
+    assert main(["train", "translation", "--data", str(data), "--out", str(out), "--init",
+                 str(m2m100_dir), "--src-lang", "en", "--tgt-lang", "fr", "--threads", "1",
+                 "--no-progress", "--steps", "2", "--eval-every", "2", "--save-every", "2",
+                 "--valid-bleu-sentences", "1"]) == 0
+    run = load_model_dir(out, task="translation")
+    assert run.assets.languages == {"src_lang": "en", "tgt_lang": "fr"}
+    assert run.assets.target_prefix == [theirs.get_lang_id("fr")]
+    assert run.assets.encode(["the cat"]) == [theirs("the cat")["input_ids"][:-1]]
