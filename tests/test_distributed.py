@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn import CausalLM, TransformerConfig
+from aiayn import CausalLM, MaskedLM, Transformer, TransformerConfig
 from aiayn.training import TrainingConfig, train
 from aiayn.training.checkpoint import list_checkpoints
 from aiayn.training.distributed import Parallel
@@ -47,16 +47,25 @@ class TinyLMTask:
 
     name = "lm"
 
-    def __init__(self, *, seed=0, batches=7, fail_rank=None, fail_at=None, lm_loss=False):
+    def __init__(self, *, seed=0, batches=7, fail_rank=None, fail_at=None, lm_loss=False,
+                 translation=False, masked=False):
         self.seed, self.batches = seed, batches
         self.fail_rank, self.fail_at, self.calls = fail_rank, fail_at, 0
         self.lm_loss = lm_loss  # aiayn's LM loss (on the CPU: hidden_states + chunked loss)
+        # An encoder-decoder Transformer under the translation task's loss: the source is the
+        # sequence without its first token, the target the next-token pairs as in the LM.
+        self.translation = translation
+        # A MaskedLM under the masked-LM task's loss: every third position is replaced by id 1 and
+        # predicted.
+        self.masked = masked
 
     def model_config(self, base):
         return base
 
     def build_model(self, model_config):
-        return CausalLM(model_config)
+        if self.masked:
+            return MaskedLM(model_config)
+        return Transformer(model_config) if self.translation else CausalLM(model_config)
 
     def train_batches(self, epoch):
         generator = torch.Generator().manual_seed(self.seed * 1000 + epoch)
@@ -76,6 +85,16 @@ class TinyLMTask:
         rank = int(os.environ.get("RANK", "0"))
         if self.fail_at is not None and self.calls == self.fail_at and rank == self.fail_rank:
             raise RuntimeError(f"simulated failure on rank {rank}")
+        if self.masked:
+            from aiayn.tasks.masked_lm import masked_lm_loss
+
+            chosen = (torch.arange(batch.shape[1]) % 3 == 0) & (batch != PAD)  # (B, T)
+            return masked_lm_loss(model, batch.masked_fill(chosen, 1),
+                                  batch.masked_fill(~chosen, -100), batch != PAD)[0]
+        if self.translation:
+            from aiayn.tasks.translation import translation_loss
+
+            return translation_loss(model, batch[:, 1:], batch[:, :-1], batch[:, 1:], pad_id=PAD)
         if self.lm_loss:
             from aiayn.tasks.lm import token_loss
 
@@ -244,6 +263,30 @@ def test_fsdp_gathers_the_parameters_for_a_causal_lms_hidden_states(tmp_path):
     _single(tmp_path / "single", task={"lm_loss": True}, accumulation=4)
     codes, errors = _launch(tmp_path / "run", config={"accumulation": 2, "distributed": "fsdp"},
                             task={"lm_loss": True})
+    assert codes == [0, 0], errors
+    _assert_same_run(tmp_path / "run", tmp_path / "single")
+
+
+@NEEDS_FSDP2
+def test_fsdp_gathers_the_parameters_for_the_translation_loss(tmp_path):
+    """The translation task's loss runs Transformer.hidden_states and the output projection, not
+    forward: FSDP gathers the shared embeddings and the projection for them, and the run equals
+    one process's (it failed on mixed Tensor and DTensor arguments in the embedding)."""
+    _single(tmp_path / "single", task={"translation": True}, accumulation=4)
+    codes, errors = _launch(tmp_path / "run", config={"accumulation": 2, "distributed": "fsdp"},
+                            task={"translation": True})
+    assert codes == [0, 0], errors
+    _assert_same_run(tmp_path / "run", tmp_path / "single")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=NEEDS_FSDP2)])
+def test_the_masked_lm_loss_trains_under_ddp_and_fsdp(tmp_path, strategy):
+    """The masked-LM task's loss projects only the chosen positions (MaskedLM.hidden_states and
+    the head): under FSDP the parameters are gathered for it; under DDP the wrapper's forward runs
+    instead (DDP has no hidden_states). Either run equals one process's."""
+    _single(tmp_path / "single", task={"masked": True}, accumulation=4)
+    codes, errors = _launch(tmp_path / "run", config={"accumulation": 2, "distributed": strategy},
+                            task={"masked": True})
     assert codes == [0, 0], errors
     _assert_same_run(tmp_path / "run", tmp_path / "single")
 

@@ -44,6 +44,13 @@ class Transformer(nn.Module):
                               memory_padding_mask=memory_padding_mask, cache=cache)[0]
         return self.generator(hidden)
 
+    def hidden_states(self, src: Tensor, tgt: Tensor, *, src_padding_mask: Tensor | None = None,
+                      tgt_padding_mask: Tensor | None = None) -> Tensor:
+        """Teacher-forced final decoder states (B, T, D) before the output projection."""
+        memory = self.encoder(src, src_padding_mask)[0]  # (B, S, D)
+        return self.decoder(tgt, memory, padding_mask=tgt_padding_mask,
+                            memory_padding_mask=src_padding_mask)[0]
+
     def new_cache(self, batch: int, max_length: int | None = None, **kwargs) -> DecoderCache:
         """A static decoder cache for incremental decoding of ``batch`` sequences."""
         return self.decoder.new_cache(batch, max_length, **kwargs)

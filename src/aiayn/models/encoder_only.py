@@ -49,6 +49,11 @@ class _EncoderWithHead(nn.Module):
     def head_output(self, hidden: Tensor, padding_mask: Tensor | None) -> Tensor:
         raise NotImplementedError
 
+    def hidden_states(self, ids: Tensor, *, padding_mask: Tensor | None = None,
+                      token_types: Tensor | None = None) -> Tensor:
+        """Final encoder states (B, T, D) before the head."""
+        return self.encoder.encoder(ids, padding_mask, token_types=token_types)[0]
+
     def forward(self, ids: Tensor, *, padding_mask: Tensor | None = None,
                 token_types: Tensor | None = None, return_attention: bool = False
                 ) -> Tensor | tuple[Tensor, AttentionMaps]:

@@ -29,6 +29,25 @@ from aiayn.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
 from aiayn.models.encoder_only import MaskedLM
 
 
+def masked_lm_loss(model: nn.Module, inputs: Tensor, labels: Tensor,
+                   padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The summed cross-entropy over the chosen positions (``labels`` (B, T) not -100) of corrupted
+    ``inputs`` (B, T), and how many of them the model predicts right.
+
+    A ``MaskedLM`` projects the hidden states of the chosen positions only; any other module (a DDP
+    or compiled wrapper runs its own forward) through its (B, T, V) logits.
+    """
+    chosen = labels != IGNORE_INDEX  # (B, T)
+    if isinstance(model, MaskedLM):
+        hidden = model.hidden_states(inputs, padding_mask=padding_mask)  # (B, T, D)
+        logits = model.head(hidden[chosen]).float()  # (N, V)
+    else:
+        logits = model(inputs, padding_mask=padding_mask)[chosen].float()  # (N, V)
+    targets = labels[chosen]  # (N,)
+    loss = nn.functional.cross_entropy(logits, targets, reduction="sum")
+    return loss, (logits.argmax(-1) == targets).sum()
+
+
 @dataclass
 class MaskedBatch:
     """inputs (B, T) corrupted ids, padding_mask (B, T), labels (B, T) original id or -100;
@@ -118,16 +137,7 @@ class MaskedLMTask:
         return batch.targets
 
     def loss(self, model: nn.Module, batch: MaskedBatch) -> Tensor:
-        return self._loss_and_hits(model, batch)[0]
-
-    @staticmethod
-    def _loss_and_hits(model: nn.Module, batch: MaskedBatch) -> tuple[Tensor, Tensor]:
-        hidden = model.encoder(batch.inputs, padding_mask=batch.padding_mask)  # (B, T, D)
-        chosen = batch.labels != IGNORE_INDEX  # (B, T)
-        logits = model.head(hidden[chosen]).float()  # (N, V): only where there is a target
-        targets = batch.labels[chosen]  # (N,)
-        loss = nn.functional.cross_entropy(logits, targets, reduction="sum")
-        return loss, (logits.argmax(-1) == targets).sum()
+        return masked_lm_loss(model, batch.inputs, batch.labels, batch.padding_mask)[0]
 
     def metric_names(self) -> set[str]:
         return {"loss", "ppl", "accuracy"}
@@ -135,7 +145,8 @@ class MaskedLMTask:
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         total, hits, count = 0.0, 0, 0
         for batch in self.valid_batches:
-            loss, correct = self._loss_and_hits(model, batch)
+            loss, correct = masked_lm_loss(model, batch.inputs, batch.labels,
+                                           batch.padding_mask)
             total += float(loss)
             hits += int(correct)
             count += batch.targets

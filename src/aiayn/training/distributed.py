@@ -98,9 +98,11 @@ class Parallel:
                 fully_shard(layer)
             fully_shard(module)
             # FSDP gathers the parameters around forward only; a task may run the model through
-            # another entry point (a CausalLM's hidden_states, for the chunked loss on the CPU).
-            if hasattr(module, "hidden_states"):
-                register_fsdp_forward_method(module, "hidden_states")
+            # another entry point: hidden_states (the losses that project only some positions, or
+            # in chunks on the CPU), encode and decode (decoding at validation).
+            for method in ("hidden_states", "encode", "decode"):
+                if hasattr(module, method):
+                    register_fsdp_forward_method(module, method)
             if compile:
                 compile_layers(module)
             self.model = module
