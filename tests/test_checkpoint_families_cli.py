@@ -39,6 +39,14 @@ def run_cli(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
                           input=stdin.encode() if stdin is not None else None, check=False)
 
 
+def aiayn_generate(capsys, directory, *args) -> str:
+    """What ``aiayn generate DIRECTORY ARGS`` prints, run in this process (a subprocess per call
+    spends seconds importing; tests/test_lm.py streams through the real command)."""
+    capsys.readouterr()
+    assert main(["generate", str(directory), *args]) == 0
+    return capsys.readouterr().out
+
+
 def hf_translations(directory, sentences, *, beams: int):
     """``T5ForConditionalGeneration.generate`` + decode(skip_special_tokens=True), with aiayn's
     limits (padding never generated, </s> forced at the last position) and its beam scores
@@ -106,7 +114,8 @@ def hf_continuation(directory, prompt, *, new_tokens):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gemma2", "phi3"])
-def test_generate_on_llama_prints_what_transformers_generate_and_decode_print(checkpoints, family):
+def test_generate_on_llama_prints_what_transformers_generate_and_decode_print(checkpoints, family,
+                                                                             capsys):
     """Covers the two ways a SentencePiece-style decoder differs from decoding the continuation
     alone: the space before a first "▁word" token (prompt "O") and byte-fallback runs that
     become U+FFFD only once complete (streamed output). Gemma 3 with the same tokenizer: sandwich
@@ -120,24 +129,23 @@ def test_generate_on_llama_prints_what_transformers_generate_and_decode_print(ch
         spaced += expected[len(prompt):].startswith(" ")
         bytes_ += "\ufffd" in expected
         for stream in ([], ["--no-stream"]):
-            result = run_cli("generate", str(directory), "--prompt", prompt, "--greedy",
-                             "--max-new-tokens", "12", "--threads", "1", *stream)
-            assert result.returncode == 0, result.stderr.decode()
-            assert result.stdout.decode() == expected + "\n", (prompt, stream)
+            printed = aiayn_generate(capsys, directory, "--prompt", prompt, "--greedy",
+                                     "--max-new-tokens", "12", "--threads", "1", *stream)
+            assert printed == expected + "\n", (prompt, stream)
     assert spaced and bytes_  # both cases were exercised
 
 
-def test_generate_on_llama_batches_prompts_like_one_at_a_time(checkpoints):
+def test_generate_on_llama_batches_prompts_like_one_at_a_time(checkpoints, capsys):
     directory = checkpoints["llama"]
-    result = run_cli("generate", str(directory), *[a for p in PROMPTS[:3] for a in ("--prompt", p)],
-                     "--greedy", "--max-new-tokens", "12", "--threads", "1")
-    assert result.returncode == 0, result.stderr.decode()
+    prompts = [a for p in PROMPTS[:3] for a in ("--prompt", p)]
+    printed = aiayn_generate(capsys, directory, *prompts, "--greedy", "--max-new-tokens", "12",
+                             "--threads", "1")
     expected = "".join(f"=== {p!r}\n" + hf_continuation(directory, p, new_tokens=12) + "\n"
                        for p in PROMPTS[:3])
-    assert result.stdout.decode() == expected
+    assert printed == expected
 
 
-def test_generate_on_qwen3_prints_what_transformers_generate_and_decode_print(checkpoints):
+def test_generate_on_qwen3_prints_what_transformers_generate_and_decode_print(checkpoints, capsys):
     """A byte-level tokenizer that adds no BOS, QK-norm and a tied head: the prompt's ids alone."""
     directory = checkpoints["qwen3"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
@@ -151,10 +159,9 @@ def test_generate_on_qwen3_prints_what_transformers_generate_and_decode_print(ch
                                        num_beams=1, max_new_tokens=12, min_new_tokens=0,
                                        pad_token_id=model.config.eos_token_id)
         expected = tokenizer.decode(generated[0], skip_special_tokens=True)
-        result = run_cli("generate", str(directory), "--prompt", prompt, "--greedy",
-                         "--max-new-tokens", "12", "--threads", "1")
-        assert result.returncode == 0, result.stderr.decode()
-        assert result.stdout.decode() == expected + "\n", prompt
+        printed = aiayn_generate(capsys, directory, "--prompt", prompt, "--greedy",
+                                 "--max-new-tokens", "12", "--threads", "1")
+        assert printed == expected + "\n", prompt
 
 
 def test_evaluate_a_llama_checkpoint(checkpoints, tmp_path, capsys):
