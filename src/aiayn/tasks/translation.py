@@ -45,7 +45,8 @@ def translation_loss(model: nn.Module, source: torch.Tensor, decoder_input: torc
     """
     source_mask = source != pad_id  # (B, S)
     if isinstance(model, Transformer):
-        hidden = model.hidden_states(source, decoder_input, src_padding_mask=source_mask)  # (B, T, D)
+        hidden = model.hidden_states(source, decoder_input,
+                                     src_padding_mask=source_mask)  # (B, T, D)
         return projected_loss(hidden, model.generator, targets, smoothing=smoothing,
                               ignore_index=pad_id)
     logits = model(source, decoder_input, src_padding_mask=source_mask)  # (B, T, V)
