@@ -1,7 +1,7 @@
 """One fine-tuning step of all-MiniLM-L6-v2 as a classifier (every layer trains, the embeddings stay;
 AdamW; by default a batch of 32 x 128 tokens, a quarter of each row padding for half the rows) in
-the settings the fine-tuning recipe chooses between: float32 or bf16 autocast, the fused or the written-out
-("reference") attention kernel, dropout 0.1 (the checkpoint's) or 0.
+the settings the fine-tuning recipe chooses between: float32 or bf16 autocast, the fused or the
+written-out ("reference") attention kernel, dropout 0.1 (the checkpoint's) or 0.
 
 Rounds alternate the settings; the median step time of each is printed and written as JSON, with its
 ratio to the checkpoint's own settings (float32, fused, dropout 0.1).
