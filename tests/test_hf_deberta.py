@@ -113,15 +113,17 @@ def test_inputs_past_max_position_embeddings_equal_transformers_without_an_absol
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
 
 
-def test_inputs_past_an_absolute_table_or_another_familys_cap_are_refused():
+def test_inputs_past_an_absolute_table_or_a_bare_max_length_are_refused():
     ours = aiayn.interop.hf.from_transformers(hf_model("Model", **V2))  # positions "learned", 64
     ids, mask = padded_ids(VOCAB, [65], pad=0)
     with pytest.raises(ValueError, match="65 positions exceeds the position table"):
         ours(ids, padding_mask=mask)
-    # no absolute table and no disentangled attention (T5's relative bias): max_length holds
+    # no position information at all: max_length holds (T5's relative bias runs any length,
+    # tests/test_hf_t5.py)
     config = TransformerConfig(vocab_size=VOCAB, d_model=16, n_heads=2, d_ff=16,
                                n_encoder_layers=1, n_decoder_layers=0, positions="none",
-                               relative_attention_buckets=8, max_length=64)
+                               max_length=64)
+    assert config.position_limit == 64
     with pytest.raises(ValueError, match="65 positions exceeds max_length=64"):
         TransformerEncoder(config)(ids)
 
@@ -388,13 +390,17 @@ def test_classify_evaluate_and_fine_tune_a_deberta_classifier(tmp_path, capsys):
                     encoding="utf-8")
     assert main(["evaluate", str(directory), "--data", str(data), "--split", "all"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"] == 24
-    run = tmp_path / "run"
+    run = tmp_path / "run"  # v3 has no position table: --max-tokens past its 64 positions
     assert main(["train", "classification", "--data", str(data), "--out", str(run), "--init",
                  str(directory), "--eval-every", "2", "--save-every", "2", "--batch-size", "8",
-                 "--threads", "1", "--no-progress", "--steps", "2"]) == 0
+                 "--threads", "1", "--no-progress", "--steps", "2", "--max-tokens", "80"]) == 0
     capsys.readouterr()
-    assert main(["classify", str(run), "--text", TEXTS[0]]) == 0
-    assert capsys.readouterr().out.split("\t")[0] in builders.LABELS
+    assert json.loads((run / "run.json").read_text())["assets"]["max_tokens"] == 80
+    text = " ".join(TEXTS * 8)
+    assert len(tokenizer(text)["input_ids"]) > 80
+    assert main(["classify", str(run), "--text", TEXTS[0], "--text", text]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2 and {row[0] for row in rows} <= set(builders.LABELS)
 
 
 def test_the_commands_cut_texts_to_max_position_embeddings(tmp_path, capsys):

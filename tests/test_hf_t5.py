@@ -15,6 +15,7 @@ import aiayn
 from aiayn.decoding.beam import beam_search
 from aiayn.decoding.greedy import greedy_search
 from aiayn.interop.hf import from_transformers
+from aiayn.tasks.translate import translate_ids
 from hf_helpers import greedy_seq2seq, padded_ids, randomise
 
 transformers = pytest.importorskip("transformers")
@@ -190,3 +191,32 @@ def test_export_refuses_what_t5_cannot_express(tmp_path):
         config = dict(hf_t5("t5-1.1").config.to_dict(), feed_forward_proj="gated-gelu-x")
         checkpoint = aiayn.interop.hf_common.Checkpoint(tmp_path, config, {}, {})
         aiayn.interop.hf_t5.config_from_hf(config, checkpoint, {})
+
+
+def test_inputs_and_outputs_longer_than_n_positions_run_as_in_transformers():
+    """T5's relative bias has no position table: ``n_positions`` caps neither side (as in
+    transformers), while the cache still defaults to it."""
+    hf, _ = generating_pair("t5-1.1")
+    hf.config.n_positions = 16
+    ours = from_transformers(hf)
+    assert (ours.config.max_length, ours.config.position_limit) == (16, None)
+    assert ours.new_cache(batch=1).max_length == 16
+    source, source_mask = padded_ids(VOCAB, [40, 23], pad=PAD, low=2, seed=3)
+    target, target_mask = padded_ids(VOCAB, [36, 30], pad=PAD, low=2, seed=4)
+    want = hf_logits(hf, source, source_mask, target, target_mask)
+    with torch.no_grad():
+        got = ours(source, target, src_padding_mask=source_mask, tgt_padding_mask=target_mask)
+    assert (got - want)[target_mask].abs().max() < 1e-4
+    sentence = source[0].tolist()  # 40 tokens, then </s> as translate_ids adds it
+    source = torch.tensor([sentence + [EOS]])
+    mask = torch.ones_like(source, dtype=torch.bool)
+    with torch.no_grad():
+        want = hf.generate(source, attention_mask=mask.long(), do_sample=False, num_beams=1,
+                           max_new_tokens=source.shape[1] + 10, forced_eos_token_id=EOS,
+                           bad_words_ids=[[PAD]])
+    best = greedy_search(ours, source, mask, max_extra=10)[0]
+    assert best.tokens == up_to_eos(want[0, 1:].tolist())
+    assert len(best.tokens) > 16  # past n_positions
+    beams = beam_search(ours, source, mask, beam_size=BEAMS, max_extra=10)[0]
+    assert len(beams.tokens) > 16
+    assert translate_ids(ours, [sentence], beam_size=1, max_extra=10) == [best.tokens]

@@ -339,6 +339,14 @@ class TransformerConfig:
         return int(self.head_dim * self.rotary_fraction)
 
     @property
+    def position_limit(self) -> int | None:
+        """The most positions a sequence may hold: ``max_length``, or None (any length) without an
+        absolute table or rotary positions, where T5's relative bias or DeBERTa's disentangled
+        attention reads only bucketed or clamped distances (as in transformers)."""
+        relative = self.relative_attention_buckets or self.disentangled_attention is not None
+        return None if self.positions == "none" and relative else self.max_length
+
+    @property
     def kv_heads(self) -> int:
         """Key/value heads: ``n_kv_heads``, or one per query head (the paper)."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads

@@ -119,7 +119,7 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
     device = source.device
     batch = source.shape[0]
     limits_all = output_limits(source_mask, max_extra=max_extra,
-                               model_max_length=config.max_length)
+                               model_max_length=config.position_limit)
     limits_all = limits_all.clamp(min=len(forced) + 1)  # room for the forced tokens and </s>
     steps = int(limits_all.max())
     memory = model.encode(source, source_mask)  # (B, S, D)

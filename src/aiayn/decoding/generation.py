@@ -234,9 +234,10 @@ def generate(model: nn.Module, prompt_ids: Tensor | Sequence[Sequence[int]] | Se
                         "aiayn.decoding.beam.beam_search")
     rows = prompt_rows(prompt_ids, model_config.vocab_size)
     capacity = model_config.max_length if config.context is None else config.context
-    if capacity > model_config.max_length:
-        raise ValueError(f"context must be in [2, {model_config.max_length}] (the model's "
-                         f"max_length), got {capacity!r}")
+    limit = model_config.position_limit
+    if limit is not None and capacity > limit:
+        raise ValueError(f"context must be in [2, {limit}] (the model's max_length), got "
+                         f"{capacity!r}")
     lengths = [len(row) for row in rows]
     batch, width = len(rows), max(lengths)
     new = config.max_new_tokens

@@ -26,10 +26,10 @@ class Hypothesis:
     score: float  # log-probability (beam: divided by the length penalty)
 
 
-def output_limits(source_mask: Tensor, *, max_extra: int, model_max_length: int) -> Tensor:
+def output_limits(source_mask: Tensor, *, max_extra: int, model_max_length: int | None) -> Tensor:
     """Per-sentence number of output tokens, </s> included: the paper's "input length + 50"
     (section 6.1), capped by the position table (a hypothesis of n tokens feeds the decoder n
-    positions: the start symbol and all but its last token). Shape (B,).
+    positions: the start symbol and all but its last token; None: no table, no cap). Shape (B,).
 
     Raises:
         ValueError: ``source_mask`` is not (B, S), or ``max_extra`` is not a non-negative integer.
@@ -40,7 +40,7 @@ def output_limits(source_mask: Tensor, *, max_extra: int, model_max_length: int)
     if not isinstance(max_extra, int) or isinstance(max_extra, bool) or max_extra < 0:
         raise ValueError(f"max_extra must be a non-negative integer, got {max_extra!r}")
     limits = source_mask.sum(dim=1) + max_extra
-    return limits.clamp(max=model_max_length)
+    return limits if model_max_length is None else limits.clamp(max=model_max_length)
 
 
 def first_tokens(model: nn.Module, rows: int, forced: Sequence[int], device) -> Tensor:
@@ -96,7 +96,7 @@ def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
     """
     config = model.config
     batch = source.shape[0]
-    limits = output_limits(source_mask, max_extra=max_extra, model_max_length=config.max_length)
+    limits = output_limits(source_mask, max_extra=max_extra, model_max_length=config.position_limit)
     limits = limits.clamp(min=len(forced) + 1)  # room for the forced tokens and </s>
     steps = int(limits.max())
     memory = model.encode(source, source_mask)  # (B, S, D)

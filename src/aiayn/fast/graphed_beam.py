@@ -197,7 +197,7 @@ class GraphedBeam:
         check_beam_options(beam_size, alpha, config.vocab_size)
         K = beam_size
         limits_all = output_limits(source_mask, max_extra=max_extra,
-                                   model_max_length=config.max_length)  # (B,)
+                                   model_max_length=config.position_limit)  # (B,)
         sources, source_length = source_mask.shape
         steps = int(limits_all.max())
         limits = limits_all.tolist()

@@ -35,13 +35,7 @@ class Embeddings(nn.Module):
         self.tokens = tokens
         self.scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
         self.positions = make_positions(config)
-        # Without an absolute table the length is still capped at max_length, except under
-        # DeBERTa's disentangled attention (aiayn.nn.disentangled), which reads only relative
-        # distances, clamped or bucketed: such a model (DeBERTa-v3) runs any length, as in
-        # transformers.
-        self.max_length = (None if config.positions == "none"
-                           and config.disentangled_attention is not None
-                           else config.max_length)
+        self.max_length = config.position_limit  # None: any length (T5, DeBERTa-v3)
         self.token_types = (nn.Embedding(config.type_vocab_size, config.d_model)
                             if config.type_vocab_size else None)
         self.norm = layer_norm(config) if config.embedding_norm else None

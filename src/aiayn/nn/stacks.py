@@ -52,8 +52,10 @@ def check_ids(ids: Tensor, name: str) -> None:
         raise ValueError(f"{name} is empty (length 0)")
 
 
-def check_positions(positions: Tensor, batch: int, length: int, max_length: int) -> None:
-    """Explicit positions must be an integer (B, T) tensor of values in [0, max_length).
+def check_positions(positions: Tensor, batch: int, length: int,
+                    max_length: int | None) -> None:
+    """Explicit positions must be an integer (B, T) tensor of values in [0, max_length) (None: no
+    upper bound).
 
     The range is read only from CPU tensors outside ``torch.compile``: on a GPU it would cost every
     decoding step a device-to-host read, which a CUDA graph capture forbids (there an index past the
@@ -68,9 +70,10 @@ def check_positions(positions: Tensor, batch: int, length: int, max_length: int)
                          f"{tuple(positions.shape)}")
     if positions.device.type == "cpu" and not torch.compiler.is_compiling():
         low, high = int(positions.min()), int(positions.max())
-        if low < 0 or high >= max_length:
-            raise ValueError(f"positions must lie in [0, max_length={max_length}), got positions "
-                             f"from {low} to {high}")
+        if low < 0 or (max_length is not None and high >= max_length):
+            upper = "..." if max_length is None else f"max_length={max_length}"
+            raise ValueError(f"positions must lie in [0, {upper}), got positions from {low} to "
+                             f"{high}")
 
 
 def final_norm(config: TransformerConfig) -> nn.Module | None:
@@ -193,14 +196,16 @@ class Decoder(nn.Module):
                                     for index in range(config.n_decoder_layers))
         self.norm = final_norm(config)
         self.cross_attention = cross_attention
-        self.max_length = config.max_length
+        self.max_length = config.max_length  # a new cache's default capacity
+        self.position_limit = config.position_limit  # None: any length (T5's relative bias)
         self.window = config.sliding_window  # sliding layers see only the last `window` keys
         self.sliding = sliding_layers(config, config.n_decoder_layers)
 
     def new_cache(self, batch: int, max_length: int | None = None, *,
                   device: torch.device | str | None = None,
                   dtype: torch.dtype | None = None, rows_per_memory: int = 1) -> DecoderCache:
-        """A preallocated cache for ``batch`` sequences of up to ``max_length`` positions.
+        """A preallocated cache for ``batch`` sequences of up to ``max_length`` positions (default:
+        the config's ``max_length``).
 
         ``rows_per_memory`` G > 1 (beam search: the beam size): every G consecutive rows decode from
         the same source, so ``memory`` and ``memory_padding_mask`` are given once per source
@@ -210,9 +215,10 @@ class Decoder(nn.Module):
             ValueError: ``max_length`` exceeds the position table, or G does not divide ``batch``.
         """
         max_length = self.max_length if max_length is None else max_length
-        if max_length > self.max_length:
+        limit = self.position_limit
+        if limit is not None and max_length > limit:
             raise ValueError(f"cache of {max_length} positions exceeds the position table "
-                             f"(max_length={self.max_length})")
+                             f"(max_length={limit})")
         if isinstance(rows_per_memory, int) and rows_per_memory > 1:
             if not self.cross_attention:
                 raise ValueError("rows_per_memory needs a decoder with cross-attention")
@@ -264,7 +270,7 @@ class Decoder(nn.Module):
             self_mask = key_padding_to_attention(padding_mask)  # (B, 1, 1, keys)
         memory_mask = self._memory_mask(memory, memory_padding_mask, cache, batch)
         if positions is not None:
-            check_positions(positions, batch, length, self.max_length)
+            check_positions(positions, batch, length, self.position_limit)
         x = self.embeddings(ids, start=0 if slots is not None else start,
                             positions=positions)  # (B, T, D)
         return self.forward_embedded(x, memory, self_mask=self_mask, memory_mask=memory_mask,

@@ -126,9 +126,10 @@ class ClassificationTask:
         with a pretrained encoder, its architecture instead of the preset's."""
         if self.pretrained is not None:
             config = self.pretrained.config
-            if self.max_tokens > config.max_length:
+            limit = config.position_limit  # None: any length (DeBERTa-v3)
+            if limit is not None and self.max_tokens > limit:
                 raise ValueError(f"max_tokens {self.max_tokens} exceeds the pretrained encoder's "
-                                 f"{config.max_length} positions (lower --max-tokens)")
+                                 f"{limit} positions (lower --max-tokens)")
             return config.replace(num_labels=len(self.labels), pooling=self.pooling)
         # src_vocab_size=None: re-derived from vocab_size (replace keeps the preset's otherwise)
         return base.replace(vocab_size=self.tokenizer.vocab_size, src_vocab_size=None,

@@ -39,9 +39,9 @@ def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_si
     config = model.config
     device = next(model.parameters()).device
     outputs: list[list[int]] = [[] for _ in sources]
-    # Longest source the position table allows (it also holds </s>).
-    limit = config.max_length - 1
-    sources = [list(ids[:limit - 1]) for ids in sources]
+    # Longest source the position table allows (it also holds </s>); no table (T5): any length.
+    limit = config.position_limit
+    sources = [list(ids if limit is None else ids[:limit - 2]) for ids in sources]
     lengths = [len(ids) + 1 for ids in sources]
     # Beam search holds K rows per sentence: size batches by the beam.
     budget = max(max_tokens // max(beam_size, 1), 1)

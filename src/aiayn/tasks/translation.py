@@ -107,7 +107,7 @@ class PairBatches:
         ``--max-length``, validation pairs are not) is left out rather than ending the run.
         """
         total, tokens = 0.0, 0
-        for batch in self.valid_batches(getattr(unwrap(model).config, "max_length", None)):
+        for batch in self.valid_batches(getattr(unwrap(model).config, "position_limit", None)):
             total += float(self.loss(model, batch, smoothing=0.0))
             tokens += batch.target_tokens
         if not tokens:
@@ -159,7 +159,8 @@ class TranslationTask(PairBatches):
             self.tokenizer = pretrained.tokenizer
             self.pad_id, self.eos_id = config.pad_id, config.eos_id
             self.start_id = config.decoder_start_id
-            max_length = min(max_length, config.max_length - 1)  # room for </s> in the table
+            if config.position_limit is not None:  # room for </s> in the table
+                max_length = min(max_length, config.position_limit - 1)
         elif saved is not None and saved.is_file() and (saved.parent / "checkpoints").is_dir():
             self.tokenizer = SubwordTokenizer.load(saved)  # resuming: the same ids
         else:
