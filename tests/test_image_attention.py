@@ -67,3 +67,32 @@ def test_the_report_files(tmp_path):
     torch.testing.assert_close(torch.tensor(report["rollout"]), attention.rollout)
     with pytest.raises(ValueError, match=r"--layer 2: the model has layers 0\.\.1"):
         write_image_attention_report(attention, image, tmp_path, layer=2)
+
+
+@pytest.mark.parametrize("cells, printed", [(3, True), (14, True), (20, True), (24, False),
+                                            (28, False)])
+def test_the_patch_map_writes_weights_while_legible(cells, printed):
+    """ViT-B/16 at 224 pixels has 14 x 14 patches, DINO ViT-S/8 28 x 28."""
+    pytest.importorskip("matplotlib")
+    from aiayn.visualise.heatmaps import pyplot
+    from aiayn.visualise.image_attention import patch_map_figure
+
+    torch.manual_seed(cells)
+    grid = torch.randn(cells * cells).mul(3).softmax(-1).reshape(cells, cells)  # (G, G)
+    grid[0, 0] = 0.004  # prints as 0.00: left blank
+    image = torch.rand(3, 224, 224)
+    figure = patch_map_figure(image, grid, title="t")
+    axis = figure.axes[0]
+    texts = sorted(text.get_text() for text in axis.texts)
+    if printed:
+        assert texts == sorted(f"{w:.2f}" for w in grid.flatten().tolist() if w >= 0.005)
+        assert texts and min(text.get_fontsize() for text in axis.texts) >= 5.0
+        patch = 224 / cells
+        first = next(text for text in axis.texts if text.get_text() == f"{grid.max():.2f}")
+        row, column = divmod(int(grid.argmax()), cells)
+        assert first.get_position() == pytest.approx(((column + 0.5) * patch - 0.5,
+                                                      (row + 0.5) * patch - 0.5))
+    else:
+        assert len(axis.texts) == 0
+        assert f"weights not printed ({cells} x {cells} patches)" in axis.get_title()
+    pyplot().close(figure)

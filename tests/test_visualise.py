@@ -123,8 +123,49 @@ def test_heatmap_label_mismatch_is_an_error(tmp_path):
         plot_attention_grid(torch.rand(1, 2, 3, 3), ["a", "b"], ["a", "b", "c"], tmp_path / "g.png",
                             title="t")
     with pytest.raises(ValueError, match=r"\(T, S\)"):
-        plot_attention_head(torch.rand(1, 3, 3), ["a"] * 3, ["a"] * 3, tmp_path / "z.png", title="t")
+        plot_attention_head(torch.rand(1, 3, 3), ["a"] * 3, ["a"] * 3, tmp_path / "z.png",
+                            title="t")
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_zoomed_head_prints_its_weights_while_legible_and_leaves_zeros_blank():
+    from aiayn.visualise.heatmaps import PRINTED_UP_TO, head_figure, pyplot
+
+    weights = torch.tensor([[1.0, 0.0, 0.0, 0.0],
+                            [0.4, 0.6, 0.0, 0.0],
+                            [0.004, 0.006, 0.99, 0.0]])  # (T, S): causal, 0.004 prints as 0.00
+    figure = head_figure(weights, ["a", "b", "c"], ["a", "b", "c", "d"], title="t")
+    axis = figure.axes[0]
+    printed = {(text.get_position(), text.get_text()) for text in axis.texts}
+    assert printed == {((0, 0), "1.00"), ((0, 1), "0.40"), ((1, 1), "0.60"), ((1, 2), "0.01"),
+                       ((2, 2), "0.99")}  # (column, row) of each cell; 0.00 cells blank
+    assert "blank: 0.00" in figure.axes[1].get_ylabel()  # the colour bar says so
+    pyplot().close(figure)
+
+    # a real sentence of 30 tokens: every weight that is not 0.00 is printed
+    torch.manual_seed(0)
+    weights = torch.randn(30, 30).mul(3).softmax(-1)
+    tokens = [f"t{i}" for i in range(30)]
+    figure = head_figure(weights, tokens, tokens, title="t")
+    expected = sorted(f"{w:.2f}" for w in weights.flatten().tolist() if f"{w:.2f}" != "0.00")
+    assert sorted(text.get_text() for text in figure.axes[0].texts) == expected
+    assert len(expected) > 200
+    width = figure.get_figwidth()
+    pyplot().close(figure)
+
+    # past PRINTED_UP_TO tokens a side, colours only, in smaller cells; the colour bar says why
+    long = PRINTED_UP_TO + 1
+    tokens = [f"t{i}" for i in range(long)]
+    weights = torch.randn(8, long).softmax(-1)  # a short target on a long source: still too wide
+    figure = head_figure(weights, tokens[:8], tokens, title="t")
+    assert len(figure.axes[0].texts) == 0
+    assert figure.axes[1].get_ylabel() == (f"attention weight (not printed: over {PRINTED_UP_TO} "
+                                           "tokens)")
+    assert figure.get_figwidth() < width  # 41 columns in less room than 30 printed ones
+    pyplot().close(figure)
+    figure = head_figure(weights, tokens[:8], tokens, title="t", print_up_to=long)
+    assert len(figure.axes[0].texts) > 0
+    pyplot().close(figure)
 
 
 def test_position_and_schedule_plots(tmp_path):

@@ -12,11 +12,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run a trained model (a run directory from 'aiayn train', or a Hugging Face style "
                     "directory) on a text and write: a layer x head heatmap grid per attention kind "
                     "(encoder, decoder, and for translation the cross-attention source-target "
-                    "alignment), a zoom of one head with the weights in the cells, the pattern "
-                    "metrics of every head (metrics.json / metrics.csv) over the text or a file of "
-                    "texts, and optionally a self-contained interactive HTML report. For an "
-                    "image-classification run, --image / --test-image draw the [CLS] token's "
-                    "attention over the image per head and as attention rollout.")
+                    "alignment), a zoom of one head (its weights in the cells up to 40 tokens), "
+                    "the pattern metrics of every head (metrics.json / metrics.csv) over the text "
+                    "or a file of texts, and optionally a self-contained interactive HTML report. "
+                    "For an image-classification run, --image / --test-image draw the [CLS] "
+                    "token's attention over the image per head and as attention rollout.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory or model directory")
     texts = parser.add_mutually_exclusive_group(required=True)
     texts.add_argument("--text", help="the (source) text to show")

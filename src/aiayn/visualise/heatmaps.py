@@ -1,8 +1,12 @@
-"""Attention heatmaps: a layer x head grid on one colour scale, and a single-head zoom with numbers.
+"""Attention heatmaps: a layer x head grid on one colour scale, and a single-head zoom.
 
-Rows of a heatmap are queries (the tokens attending), columns are keys (the tokens attended to), as in
-the paper's Figures 3-5. Font and panel sizes scale with the number of tokens so that sentences of up to
-40 tokens keep every label legible and unclipped (saved with ``bbox_inches="tight"``).
+The zoom prints each weight in its cell for heads of up to ``PRINTED_UP_TO`` (40) tokens a side,
+leaving cells that print as 0.00 blank; a longer head is drawn in colours only.
+
+Rows of a heatmap are queries (the tokens attending), columns are keys (the tokens attended to),
+as in the paper's Figures 3-5. Font and panel sizes scale with the number of tokens so that
+sentences of up to 40 tokens keep every label legible and unclipped (saved with
+``bbox_inches="tight"``).
 
 matplotlib is imported inside the functions, on the Agg backend (no display needed).
 
@@ -19,6 +23,11 @@ from torch import Tensor
 from aiayn.visualise.files import atomic_path
 
 COLOUR_MAP = "viridis"
+# The zoomed head prints its weights up to this many tokens a side: at 0.34 inch a cell, 40 tokens
+# make an image about 13 inches (1,430 pixels at 110 dpi) wide, which a screen shows at full size
+# with 8-point numbers; a longer head is scaled down until they cannot be read, and each printed
+# weight costs draw time (every text is laid out twice by a tight ``savefig``).
+PRINTED_UP_TO = 40
 
 
 def pyplot():
@@ -140,10 +149,44 @@ def _bar_box(grid, figure, gap: float, width: float) -> list[float]:
     return [column.x0 + gap, column.y0, width, column.height]
 
 
-def plot_attention_head(weights: Tensor, query_tokens: Sequence[str], key_tokens: Sequence[str],
-                        path: str | Path, *, title: str, query_axis: str = "query (attending)",
-                        key_axis: str = "key (attended to)", dpi: int = 120) -> Path:
-    """One head's (T, S) weights, large, with each weight printed in its cell.
+def number_font(cell_points: float) -> float:
+    """The font size (points) at which a printed weight, "0.00" (2.1 em wide in DejaVu Sans), fills
+    70 % of a cell ``cell_points`` wide; at most 9 points."""
+    return min(9.0, 0.7 * cell_points / 2.1)
+
+
+def print_weights(axis, values, *, font: float, vmax: float, scale: float = 1.0) -> int:
+    """Write each weight of ``values`` (R, C) in its cell, to two decimals; return how many.
+
+    Cell (r, c) is centred at data coordinates ((c + 0.5) scale - 0.5, (r + 0.5) scale - 0.5): an
+    ``imshow`` of ``values`` for scale 1, an image of ``scale`` pixels per cell otherwise. A weight
+    that prints as 0.00 leaves its cell blank: its colour already says so, and on a peaked or causal
+    head most cells are such, so the few large weights stand out and there are fewer texts to draw.
+    """
+    written = 0
+    for row in range(values.shape[0]):
+        for column in range(values.shape[1]):
+            value = float(values[row, column])
+            text = f"{value:.2f}"
+            if text == "0.00":
+                continue
+            # Cell texts sit inside the axes: leaving them out of the layout saves measuring them.
+            axis.text((column + 0.5) * scale - 0.5, (row + 0.5) * scale - 0.5, text, ha="center",
+                      va="center", fontsize=font,
+                      color="black" if value > 0.6 * vmax else "white").set_in_layout(False)
+            written += 1
+    return written
+
+
+def head_figure(weights: Tensor, query_tokens: Sequence[str], key_tokens: Sequence[str], *,
+                title: str, query_axis: str = "query (attending)",
+                key_axis: str = "key (attended to)", print_up_to: int = PRINTED_UP_TO):
+    """One head's (T, S) weights, large, as a matplotlib figure (``plot_attention_head`` saves it).
+
+    Up to ``print_up_to`` tokens a side, each weight is printed in its cell (blank where it prints
+    as 0.00). A longer head is drawn in colours only, in smaller cells: its numbers would be too
+    small to read once the figure is scaled to a screen, and drawing thousands of texts takes
+    seconds; the colour bar carries the scale and its label says the numbers are left out.
 
     Raises:
         ValueError: weights not 2-D, or labels that do not match T / S.
@@ -154,19 +197,20 @@ def plot_attention_head(weights: Tensor, query_tokens: Sequence[str], key_tokens
     plt = pyplot()
     queries, keys = weights.shape
     values = weights.detach().float().cpu().numpy()
-    cell = 0.42 if max(queries, keys) <= 24 else 0.34  # inches: room for "0.00"
+    printed = max(queries, keys) <= print_up_to
+    if printed:
+        cell = 0.42 if max(queries, keys) <= 24 else 0.34  # inches: room for "0.00"
+    else:
+        cell = 0.2  # inches: room for a tick label
     figure, axis = plt.subplots(figsize=(cell * keys + 1.2, cell * queries))
     vmax = float(values.max()) if values.size and values.max() > 0 else 1.0
     image = axis.imshow(values, cmap=COLOUR_MAP, vmin=0.0, vmax=vmax, aspect="auto",
                         interpolation="nearest")
-    number_font = max(4.5, min(8.0, cell * 72 * 0.22))
-    for row in range(queries):
-        for column in range(keys):
-            value = values[row, column]
-            colour = "black" if value > 0.6 * vmax else "white"
-            # Cell texts sit inside the axes: leaving them out of the layout saves measuring them.
-            axis.text(column, row, f"{value:.2f}", ha="center", va="center",
-                      fontsize=number_font, color=colour).set_in_layout(False)
+    if printed:
+        print_weights(axis, values, font=number_font(cell * 72), vmax=vmax)
+        scale = "attention weight (blank: 0.00)"
+    else:
+        scale = f"attention weight (not printed: over {print_up_to} tokens)"
     font = _font_size(cell)
     axis.set_xticks(range(keys))
     axis.set_yticks(range(queries))
@@ -176,5 +220,20 @@ def plot_attention_head(weights: Tensor, query_tokens: Sequence[str], key_tokens
     axis.set_xlabel(key_axis)
     axis.set_ylabel(query_axis)
     axis.set_title(title)
-    figure.colorbar(image, ax=axis, fraction=0.04, pad=0.02).set_label("attention weight")
+    figure.colorbar(image, ax=axis, fraction=0.04, pad=0.02).set_label(scale)
+    return figure
+
+
+def plot_attention_head(weights: Tensor, query_tokens: Sequence[str], key_tokens: Sequence[str],
+                        path: str | Path, *, title: str, query_axis: str = "query (attending)",
+                        key_axis: str = "key (attended to)", print_up_to: int = PRINTED_UP_TO,
+                        dpi: int = 120) -> Path:
+    """Draw one head's (T, S) weights large (``head_figure``: weights printed in the cells up to
+    ``print_up_to`` tokens a side, colours only beyond) and save the figure to ``path``.
+
+    Raises:
+        ValueError: weights not 2-D, labels that do not match T / S, or dpi outside 20..600.
+    """
+    figure = head_figure(weights, query_tokens, key_tokens, title=title, query_axis=query_axis,
+                         key_axis=key_axis, print_up_to=print_up_to)
     return save_figure(figure, path, dpi)

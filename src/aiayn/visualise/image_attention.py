@@ -24,9 +24,10 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.visualise.files import atomic_write_text
-from aiayn.visualise.heatmaps import pyplot, save_figure
+from aiayn.visualise.heatmaps import number_font, print_weights, pyplot, save_figure
 
 OVERLAY_MAP = "inferno"
+MIN_NUMBER_FONT = 5.0  # points: smaller printed weights cannot be read at the default 110 dpi
 
 
 def _patch_grid(rows: Tensor) -> Tensor:
@@ -100,25 +101,37 @@ def plot_cls_attention(image: Tensor, cls: Tensor, path: str | Path, *, title: s
     return save_figure(figure, path, dpi)
 
 
-def plot_patch_map(image: Tensor, grid: Tensor, path: str | Path, *, title: str,
-                   alpha: float = 0.6, dpi: int = 110) -> Path:
-    """One (G, G) patch map over the image, large, with each patch's weight written on it."""
+def patch_map_figure(image: Tensor, grid: Tensor, *, title: str, alpha: float = 0.6):
+    """One (G, G) patch map over the image, large, as a matplotlib figure (``plot_patch_map``
+    saves it).
+
+    Each patch's weight is written on it, in the largest font (at most 9 points) that fits the
+    patch, while that font is at least ``MIN_NUMBER_FONT`` points: up to 20 x 20 patches (ViT-B/16
+    and ViT-L/14 at 224 pixels are 14 x 14 and 16 x 16). Weights that print as 0.00 are left blank,
+    so the image shows through where [CLS] does not look. A finer grid is drawn in colours only,
+    and its title says so.
+    """
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(4.5, 4.8))
     _overlay(axis, image, grid, title, alpha)
+    figure.tight_layout()  # before the numbers: their font follows the laid-out patch size
     size, cells = image.shape[-1], grid.shape[-1]
-    patch = size / cells
-    values = grid.detach().float().cpu()
-    top = float(values.max()) if values.max() > 0 else 1.0
-    for row in range(cells):
-        for column in range(cells):
-            value = float(values[row, column])
-            # Cell texts sit inside the axes: leaving them out of the layout saves measuring them.
-            axis.text((column + 0.5) * patch - 0.5, (row + 0.5) * patch - 0.5, f"{value:.2f}",
-                      ha="center", va="center", fontsize=max(4.0, min(9.0, 40.0 / cells)),
-                      color="black" if value > 0.6 * top else "white").set_in_layout(False)
-    figure.tight_layout()
-    return save_figure(figure, path, dpi)
+    font = number_font(axis.get_position().width * figure.get_figwidth() * 72 / cells)
+    if font >= MIN_NUMBER_FONT:
+        values = grid.detach().float().cpu()
+        top = float(values.max()) if values.max() > 0 else 1.0
+        print_weights(axis, values, font=font, vmax=top, scale=size / cells)
+    else:
+        axis.set_title(f"{axis.get_title()}, weights not printed ({cells} x {cells} patches)",
+                       fontsize=8, pad=2)
+    return figure
+
+
+def plot_patch_map(image: Tensor, grid: Tensor, path: str | Path, *, title: str,
+                   alpha: float = 0.6, dpi: int = 110) -> Path:
+    """Draw one (G, G) patch map over the image large (``patch_map_figure``: weights written on
+    the patches up to 20 x 20 of them) and save it to ``path``."""
+    return save_figure(patch_map_figure(image, grid, title=title, alpha=alpha), path, dpi)
 
 
 def plot_rollout(image: Tensor, rollout: Tensor, path: str | Path, *, title: str,
@@ -163,9 +176,9 @@ def write_image_attention_report(attention: ImageAttention, image: Tensor, out_d
     """Draw ``attention`` over ``image`` (C, S, S) in [0, 1] into ``out_dir``; return the files.
 
     Files: ``cls_attention.png`` (every layer and head, and their mean), ``cls_L<l>_H<h>.png`` (one
-    head large, the weights written in the patches; default the last layer's head 0),
-    ``rollout.png``, and ``attention.json`` (the maps as numbers and, with ``labels``, the
-    prediction).
+    head large, the weights written on the patches up to 20 x 20 of them; default the last layer's
+    head 0), ``rollout.png``, and ``attention.json`` (the maps as numbers and, with ``labels``,
+    the prediction).
 
     Raises:
         ValueError: a layer or head the model does not have.
