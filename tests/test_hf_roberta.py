@@ -74,6 +74,33 @@ def test_outputs_equal_transformers(family, kind, tmp_path):
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("family", sorted(CLASSES))
+def test_left_padded_text_equals_transformers(family, tmp_path):
+    """RoBERTa numbers positions over the real tokens only (a pad reads the padding row): a text
+    padded on the left or in the middle gets its right-padded copy's hidden states, in
+    transformers and in aiayn, and the classifier equals transformers' (which pools column 0,
+    a pad under left padding)."""
+    ids, mask = padded_batch()
+    left = torch.cat([ids[1:, 9:], ids[1:, :9]], dim=1)  # the 9 real tokens last
+    left_mask = torch.cat([mask[1:, 9:], mask[1:, :9]], dim=1)
+    middle = torch.cat([ids[1:, :4], ids[1:, 9:], ids[1:, 4:9]], dim=1)
+    middle_mask = torch.cat([mask[1:, :4], mask[1:, 9:], mask[1:, 4:9]], dim=1)
+    ids, mask = torch.cat([ids, left, middle]), torch.cat([mask, left_mask, middle_mask])
+    outputs = []
+    for kind in (1, 3):  # the bare model, the classifier
+        torch.manual_seed(kind)
+        reference = CLASSES[family][kind](hf_config(family))
+        ours = from_pretrained(saved(reference, tmp_path / f"hf{kind}")).eval()
+        assert ours.config.positions_skip_padding
+        expected = hf_outputs(reference, ids, mask)
+        with torch.no_grad():
+            outputs.append(ours(ids, padding_mask=mask))
+        torch.testing.assert_close(outputs[-1], expected, atol=2e-5, rtol=1e-5)
+    real = [row[row_mask] for row, row_mask in zip(outputs[0], mask)]  # (9, D) each but row 0
+    torch.testing.assert_close(real[2], real[1], atol=2e-5, rtol=1e-5)  # padding moves nothing
+    torch.testing.assert_close(real[3], real[1], atol=2e-5, rtol=1e-5)
+
+
 def test_positions_are_read_past_the_padding_rows(tmp_path):
     """The same weights read from row 0 of the table, as BERT reads it, give other hidden states:
     the offset is what makes them equal."""

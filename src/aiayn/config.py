@@ -85,6 +85,9 @@ class TransformerConfig:
     sinusoid_layout: SinusoidLayout = "interleaved"
     # position tables indexed from this offset (BART keeps 2 spare rows; M2M100 counts from pad + 1)
     position_offset: int = 0
+    # an encoder input's position counts only the real tokens before it (from the padding mask), so
+    # left padding shifts nothing: RoBERTa, XLM-R and M2M100 / NLLB number positions this way
+    positions_skip_padding: bool = False
     scale_embeddings: bool = True  # paper 3.4: multiply embeddings by sqrt(d_model)
     embedding_norm: bool = False  # LayerNorm after embedding + position (BERT, BART)
     type_vocab_size: int = 0  # segment embeddings (BERT); 0 = none
@@ -190,6 +193,9 @@ class TransformerConfig:
             raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("positions", self.positions, POSITION_KINDS)
+        if self.positions_skip_padding and self.positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"positions_skip_padding numbers the rows of a position table; "
+                             f"positions={self.positions!r} has none")
         _check_choice("sinusoid_layout", self.sinusoid_layout, SINUSOID_LAYOUTS)
         _check_choice("pooling", self.pooling, POOLINGS)
         _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)

@@ -246,7 +246,7 @@ def check_exportable(config: TransformerConfig, model: nn.Module, *,
     """Raise unless the model has BERT's layout (RoBERTa's: its table offset by
     ``position_offset``)."""
     required = dict(norm_first=False, final_norm=False, positions="learned",
-                    position_offset=position_offset,
+                    position_offset=position_offset, positions_skip_padding=position_offset > 0,
                     scale_embeddings=False, embedding_norm=True, bias=True, head_bias=True)
     if isinstance(model, SequenceClassifier):
         required.update(pooler=True, pooler_activation="tanh", pooler_norm=False, pooling="first")

@@ -51,7 +51,7 @@ def _flavour_fields(hf: dict[str, Any], source) -> dict[str, Any]:
     fields: dict[str, Any] = dict(norm_first=True, final_norm=True)
     if hf["model_type"] == "m2m_100":
         fields.update(positions="sinusoidal", sinusoid_layout="fairseq", position_offset=pad + 1,
-                      embedding_norm=False, output_bias=False,
+                      positions_skip_padding=True, embedding_norm=False, output_bias=False,
                       activation=activation_from_hf(
                           hf.get("activation_function", "relu"), "activation_function", source))
     else:  # transformers' generate starts from bos when the config names no decoder start
@@ -90,10 +90,11 @@ def matches(model: nn.Module) -> bool:
 
 def _flavour(config: TransformerConfig) -> str:
     return hf_marian.pick_flavour(config, {
-        "mbart": dict(positions="learned", position_offset=2, embedding_norm=True),
+        "mbart": dict(positions="learned", position_offset=2, embedding_norm=True,
+                      positions_skip_padding=False),
         "m2m_100": dict(positions="sinusoidal", sinusoid_layout="fairseq",
                         position_offset=config.pad_id + 1, embedding_norm=False,
-                        output_bias=False)})
+                        output_bias=False, positions_skip_padding=True)})
 
 
 def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:

@@ -7,8 +7,8 @@ an embedding LayerNorm, GELU) trained differently, with three differences of lay
 - **Positions start after the padding id**: position i of a text is row ``pad_token_id + 1 + i`` of
   the table (rows 0 and 1 are never used by real tokens), so ``max_position_embeddings`` 514 holds
   512 positions. aiayn's learned table with ``position_offset = pad_token_id + 1`` is the same table.
-  RoBERTa counts positions over the non-padding tokens only; aiayn counts them from the first
-  column, which is the same for right-padded text (what the encoder tasks build).
+  RoBERTa counts positions over the non-padding tokens only, and so does an encoder with
+  ``positions_skip_padding`` (from its padding mask): left-padded text gets the same outputs.
 - **The classification head** is ``classifier.dense`` + tanh + ``classifier.out_proj`` on ``<s>``:
   BERT's pooler + classifier, under other names (a bare ``RobertaModel``'s own ``pooler`` is not
   used for classification, as ``transformers`` does not use it).
@@ -58,7 +58,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint, task: str,
     if table <= offset:
         raise ValueError(f"{checkpoint.directory / 'config.json'}: max_position_embeddings={table} "
                          f"leaves no position after the padding id's {offset} rows")
-    fields = dict(position_offset=offset, max_length=table - offset,
+    fields = dict(position_offset=offset, max_length=table - offset, positions_skip_padding=True,
                   type_vocab_size=hf.get("type_vocab_size", 1))
     return hf_bert.config_from_hf(hf, checkpoint, task, {**fields, **overrides})
 

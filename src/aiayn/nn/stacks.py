@@ -121,6 +121,7 @@ class Encoder(nn.Module):
     def __init__(self, config: TransformerConfig, tokens: nn.Embedding | None):
         super().__init__()
         self.embeddings = Embeddings(config, tokens) if tokens is not None else None
+        self.skip_padding = config.positions_skip_padding
         self.rotary = make_rotary(config)
         self.rotary_local = make_rotary(config, local=True)  # the sliding layers' own, or None
         self.position_bias = make_position_bias(config, bidirectional=True)
@@ -140,15 +141,30 @@ class Encoder(nn.Module):
         if self.embeddings is None:
             raise TypeError("this encoder has no token embeddings; call forward_embedded")
         check_ids(ids, "ids")
-        mask = None
+        mask = positions = None
         if padding_mask is not None:
             check_padding_mask(padding_mask, *ids.shape)
             mask = key_padding_to_attention(padding_mask)  # (B, 1, 1, S)
+            if self.skip_padding:
+                positions = self._real_positions(padding_mask)  # (B, S)
         if token_types is not None and token_types.shape != ids.shape:
             raise ValueError(f"token_types must have the shape of ids {tuple(ids.shape)}, got "
                              f"{tuple(token_types.shape)}")
-        x = self.embeddings(ids, token_types=token_types)  # (B, S, D)
+        x = self.embeddings(ids, token_types=token_types, positions=positions)  # (B, S, D)
         return self.forward_embedded(x, mask, need_weights=need_weights)
+
+    def _real_positions(self, padding_mask: Tensor) -> Tensor:
+        """(B, S): the number of real tokens before each real token; a pad reads the row before
+        position 0 (RoBERTa's padding row) where the table is offset, else position 0. The table's
+        length is checked on CPU outside ``torch.compile`` (as ``check_positions``)."""
+        pad_position = -1 if self.embeddings.positions.offset > 0 else 0
+        positions = (padding_mask.cumsum(1) - 1).masked_fill(~padding_mask, pad_position)
+        limit = self.embeddings.max_length
+        if limit is not None and positions.device.type == "cpu" \
+                and not torch.compiler.is_compiling() and int(positions.max()) >= limit:
+            raise ValueError(f"sequence of {int(positions.max()) + 1} positions exceeds the "
+                             f"position table (max_length={limit})")
+        return positions
 
     def forward_embedded(self, x: Tensor, mask: Tensor | None = None, *,
                          need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
