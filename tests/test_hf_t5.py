@@ -13,7 +13,7 @@ from torch import nn
 
 import aiayn
 from aiayn.decoding.beam import beam_search
-from aiayn.decoding.greedy import greedy_search
+from aiayn.decoding.greedy import greedy_search, output_limits
 from aiayn.interop.hf import from_transformers
 from aiayn.tasks.translate import translate_ids
 from hf_helpers import greedy_seq2seq, padded_ids, randomise
@@ -112,8 +112,11 @@ def up_to_eos(tokens: list[int]) -> list[int]:
 EOS_STRENGTH = {"t5-1.0": 0.5, "t5-1.1": 1.0}
 
 
-def generating_pair(style: str):
+def generating_pair(style: str, eos_strength: float | None = None):
+    """(transformers' T5, aiayn's copy) with </s> pushed by ``eos_strength`` (default
+    ``EOS_STRENGTH[style]``; negative: never chosen)."""
     hf = hf_t5(style, std=0.3, decoder_layers=2)
+    strength = EOS_STRENGTH[style] if eos_strength is None else eos_strength
     ours = from_transformers(hf)
     source = torch.randint(2, VOCAB, (8, 12), generator=torch.Generator().manual_seed(99))
     target = torch.randint(2, VOCAB, (8, 20), generator=torch.Generator().manual_seed(98))
@@ -121,7 +124,7 @@ def generating_pair(style: str):
         hidden = ours.decoder(target, ours.encode(source))[0] * ours.generator.scale
         spread = (hidden @ ours.generator.weight.T).std()
         direction = hidden.reshape(-1, hidden.shape[-1]).mean(0)
-        hf.lm_head.weight[EOS] += EOS_STRENGTH[style] * spread * direction / direction.square().sum()
+        hf.lm_head.weight[EOS] += strength * spread * direction / direction.square().sum()
     return hf, from_transformers(hf)
 
 
@@ -206,17 +209,22 @@ def test_inputs_and_outputs_longer_than_n_positions_run_as_in_transformers():
     want = hf_logits(hf, source, source_mask, target, target_mask)
     with torch.no_grad():
         got = ours(source, target, src_padding_mask=source_mask, tgt_padding_mask=target_mask)
-    assert (got - want)[target_mask].abs().max() < 1e-4
+        assert (got - want)[target_mask].abs().max() < 1e-4
+        memory = ours.encode(source, source_mask)
+        cache = ours.new_cache(batch=2, max_length=36)  # cached steps past n_positions
+        steps = [ours.decode(target[:, t:t + 1], memory if t == 0 else None,
+                             memory_padding_mask=source_mask, cache=cache,
+                             tgt_padding_mask=target_mask[:, :t + 1]) for t in range(36)]
+    assert (torch.cat(steps, dim=1) - want)[target_mask].abs().max() < 1e-4
     sentence = source[0].tolist()  # 40 tokens, then </s> as translate_ids adds it
     source = torch.tensor([sentence + [EOS]])
     mask = torch.ones_like(source, dtype=torch.bool)
+    assert output_limits(mask, max_extra=10, model_max_length=ours.config.position_limit) == 51
     with torch.no_grad():
         want = hf.generate(source, attention_mask=mask.long(), do_sample=False, num_beams=1,
                            max_new_tokens=source.shape[1] + 10, forced_eos_token_id=EOS,
                            bad_words_ids=[[PAD]])
     best = greedy_search(ours, source, mask, max_extra=10)[0]
     assert best.tokens == up_to_eos(want[0, 1:].tolist())
-    assert len(best.tokens) > 16  # past n_positions
-    beams = beam_search(ours, source, mask, beam_size=BEAMS, max_extra=10)[0]
-    assert len(beams.tokens) > 16
+    beam_search(ours, source, mask, beam_size=BEAMS, max_extra=10)  # runs
     assert translate_ids(ours, [sentence], beam_size=1, max_extra=10) == [best.tokens]
