@@ -2,6 +2,7 @@
 
     python3 benchmarks/run_all.py            # the whole suite (about 6 minutes on an idle 2-core CPU)
     python3 benchmarks/run_all.py --quick    # fewer rounds, no peak-memory subprocesses
+    python3 benchmarks/run_all.py --quick --rounds 1 --only encoder_inference  # a quick check
     python3 benchmarks/run_all.py --only lm_train generation --compile --d-model 256 512
     python3 benchmarks/run_all.py --compile --one-process
 
@@ -57,25 +58,29 @@ def table(rows: list[dict], peak: float) -> str:
 def suite_rows(name: str, args: argparse.Namespace) -> list[dict]:
     """The rows of one benchmark script, run in this process."""
     memory = not args.quick
+
+    def rounds(full: int) -> int:  # --rounds, else the suite's own (3 with --quick)
+        return args.rounds or (3 if args.quick else full)
+
     if name == "lm_train":
         import lm_train
 
         rows = []
         for d_model in args.d_model:
-            rows += lm_train.run(d_model, compile_ours=args.compile, rounds=3 if args.quick else 5,
+            rows += lm_train.run(d_model, compile_ours=args.compile, rounds=rounds(5),
                                  memory=memory)
         return rows
     if name == "seq2seq_train":
         import seq2seq_train
 
-        return seq2seq_train.run(rounds=3 if args.quick else 4, memory=memory)
+        return seq2seq_train.run(rounds=rounds(4), memory=memory)
     if name == "generation":
         import generation
 
-        return generation.run(rounds=3 if args.quick else 4, memory=memory)
+        return generation.run(rounds=rounds(4), memory=memory)
     import encoder_inference
 
-    return encoder_inference.run(rounds=3 if args.quick else 4, memory=memory)
+    return encoder_inference.run(rounds=rounds(4), memory=memory)
 
 
 def suite_rows_in_fresh_process(name: str, args: argparse.Namespace) -> list[dict]:
@@ -83,6 +88,7 @@ def suite_rows_in_fresh_process(name: str, args: argparse.Namespace) -> list[dic
     command = [sys.executable, str(Path(__file__).resolve()), "--only", name,
                "--d-model", *map(str, args.d_model)]
     command += ["--quick"] * args.quick + ["--compile"] * args.compile
+    command += ["--rounds", str(args.rounds)] if args.rounds else []
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "rows.json"
         subprocess.run(command + ["--rows-out", str(out)], check=True, stdout=subprocess.DEVNULL)
@@ -94,6 +100,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--only", nargs="+", choices=SUITES, default=list(SUITES))
     parser.add_argument("--quick", action="store_true", help="fewer rounds, no memory subprocesses")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd aiayn (LM)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="timing rounds of every benchmark (default: each one's own, 3 with "
+                             "--quick; fewer: a check that the suite runs)")
     parser.add_argument("--d-model", type=int, nargs="+", default=[256], help="LM widths")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results.json")
     parser.add_argument("--one-process", dest="process_per_benchmark", action="store_false",

@@ -2,7 +2,7 @@
 wall clock (both tasks, translation only, classification only), each scored on the test splits.
 
     python3 benchmarks/t5_text2text.py [--time-limit 480] [--threads 2] [--out-dir runs/t5-table]
-        [--results benchmarks/results/t5_text2text.json] [-- EXTRA TRAIN OPTIONS]
+        [--results benchmarks/results/t5_text2text.json] [--limit N] [-- EXTRA TRAIN OPTIONS]
 
 Runs one training at a time (the machine should be otherwise idle: the budget is wall clock), then
 `aiayn evaluate RUN --data <the bundled files the run was trained on>` (beam 4, the default), and
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results" /
                                                  "t5_text2text.json"))
     parser.add_argument("--runs", nargs="+", choices=tuple(RUNS), default=list(RUNS))
+    parser.add_argument("--limit", type=int, default=None,
+                        help="score only the first N test examples of each task (`aiayn evaluate "
+                             "--limit`; a quick check); default: every test example")
     parser.add_argument("extra", nargs=argparse.REMAINDER,
                         help="after --: more `aiayn train text2text` options for every run")
     args = parser.parse_args(argv)
@@ -79,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         summary = last_json(run(train))
         seconds = time.perf_counter() - start
-        evaluate = aiayn("evaluate", str(run_dir), "--data",
+        limit = ["--limit", str(args.limit)] if args.limit is not None else []
+        evaluate = aiayn("evaluate", str(run_dir), *limit, "--data",
                          *(str(DATA[t].relative_to(ROOT)) for t in tasks))
         scores = json.loads(run(evaluate))
         results["runs"][name] = {

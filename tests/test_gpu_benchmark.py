@@ -18,16 +18,56 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "gpu.py"
 
 
+def _start(*arguments) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SCRIPT), *arguments], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+
+
+def _finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    try:
+        stdout, stderr = process.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
 def _run(*arguments):
-    return subprocess.run([sys.executable, str(SCRIPT), *arguments], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    return _finish(_start(*arguments))
+
+
+TINY_RUN = "test_tiny_run_on_the_cpu_writes_every_row"
+PROFILE_RUN = "test_profile_records_what_each_side_runs"
+
+
+@pytest.fixture(scope="module")
+def cpu_runs(request, tmp_path_factory):
+    """The two tests' ``--device cpu --tiny`` runs (test name -> (process, its --out)), started
+    together when the first of them is requested: they are independent fresh interpreters, so
+    they run side by side. Only the runs of selected tests start."""
+    selected = {item.name for item in request.session.items}
+    arguments = {TINY_RUN: ["--device", "cpu", "--tiny", "--rounds", "1"],
+                 PROFILE_RUN: ["--device", "cpu", "--tiny", "--rounds", "1", "--only", "greedy1",
+                               "--profile"]}
+    runs = {}
+    for name, argv in arguments.items():
+        if name in selected:
+            out = tmp_path_factory.mktemp(name) / "gpu.json"
+            runs[name] = (_start(*argv, "--out", str(out)), out)
+    yield runs
+    for process, _ in runs.values():
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
 
 
 @needs_hf_sdpa("GPT2LMHeadModel", "MarianMTModel", "BertModel")
 @pytest.mark.slow
-def test_tiny_run_on_the_cpu_writes_every_row(tmp_path):
-    out = tmp_path / "gpu.json"
-    completed = _run("--device", "cpu", "--tiny", "--rounds", "1", "--out", str(out))
+def test_tiny_run_on_the_cpu_writes_every_row(cpu_runs):
+    process, out = cpu_runs[TINY_RUN]  # --device cpu --tiny --rounds 1 --out OUT
+    completed = _finish(process)
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(out.read_text())
     rows = {(row["benchmark"], row["ours"], row["peer"]): row for row in result["rows"]}
@@ -66,14 +106,15 @@ def test_asking_for_cuda_without_one_is_a_clear_error(tmp_path):
 
 @needs_hf_sdpa("GPT2LMHeadModel", "MarianMTModel", "BertModel")
 @pytest.mark.slow
-def test_profile_records_what_each_side_runs(tmp_path):
+def test_profile_records_what_each_side_runs(cpu_runs):
     """--profile: for both sides of a row, the wall and busy time of one call, its launches and the
     top kernels (on the CPU: operators), each with a count and a time."""
-    out = tmp_path / "gpu.json"
-    completed = _run("--device", "cpu", "--tiny", "--rounds", "1", "--only", "greedy1",
-                     "--profile", "--out", str(out))
+    process, out = cpu_runs[PROFILE_RUN]  # --device cpu --tiny --rounds 1 --only greedy1 --profile
+    completed = _finish(process)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    assert result["command"].endswith("--only greedy1 --profile --out " + str(out))
+    rows = result["rows"]
     assert len(rows) == 3
     for row in rows:
         for side in ("ours_profile", "peer_profile"):
