@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.commands import summary
+from aiayn.commands import DefaultsHelpFormatter, summary
 from aiayn.commands.train import device_name, positive_int
 
 
@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "classify", help="label texts with a trained classification run",
         description=summary(__doc__),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run of 'aiayn train classification', "
                         "a run of 'aiayn train text2text' trained on classification, or a Hugging "
                         "Face BertForSequenceClassification checkpoint directory")

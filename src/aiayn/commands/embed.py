@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.commands import summary
+from aiayn.commands import DefaultsHelpFormatter, summary
 from aiayn.commands.train import device_name, positive_int
 
 
@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "embed", help="sentence embeddings of stdin lines (or --input) with an encoder",
         description=summary(__doc__),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="DIR", help="a BERT checkpoint directory or an aiayn "
                         "classification / mlm run directory")
     parser.add_argument("--input", default=None, metavar="FILE",

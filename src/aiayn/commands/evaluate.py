@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from aiayn.commands import engine
+from aiayn.commands import DefaultsHelpFormatter, engine
 from aiayn.commands.train import device_name, positive_int
 from aiayn.commands.translate import add_language_arguments
 
@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "evaluate", help="score a trained run on data (prints a JSON line)",
         description="Evaluate the model of RUN_DIR on a data file with the metrics of its task "
                     "(translation: sacreBLEU and chrF of beam or greedy output). Prints one JSON "
-                    "line.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "line.", formatter_class=DefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by 'aiayn train', or "
                         "a Hugging Face checkpoint directory (Marian, BART, T5, mBART, M2M100, "
                         "NLLB, GPT-2, Llama, Mistral, Qwen, Gemma, BERT, DistilBERT, RoBERTa, "

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiayn.commands import engine
+from aiayn.commands import DefaultsHelpFormatter, engine
 from aiayn.commands.train import device_name, positive_int
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate", help="generate text from a trained language model (aiayn train lm)",
         description="Continue a prompt with the model of RUN_DIR; tokens stream to stdout.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ('aiayn train lm') or "
                         "a Hugging Face GPT-2 / Llama / Mistral / Qwen / Gemma checkpoint "
                         "directory")
@@ -255,10 +255,14 @@ class Session:
         continuation = Continuation(self.vocabulary, [] if echo is None else ids)
         echo = echo or ""
         streamed: list[int] = []
-        shown, done = 0, False
+        shown, done, echoed = 0, False, False
 
         def on_step(step: int, tokens, finished) -> None:
-            nonlocal shown, done
+            nonlocal shown, done, echoed
+            if not echoed:  # the prompt goes out with the first step: a refused request prints
+                sys.stdout.write(echo)  # nothing
+                sys.stdout.flush()
+                echoed = True
             if done or bool(finished[0]):  # a stop string is out, or the row stopped at an end
                 return  # id: the end token is not shown (the final text leaves it out too)
             # The whole continuation decoded again: a subword tokenizer's bytes of one character
@@ -276,14 +280,11 @@ class Session:
         def stop(row: int, tokens: list[int]) -> bool:
             return self.stops.cut(continuation.text(tokens)) is not None
 
-        if self.stream:
-            sys.stdout.write(echo)
-            sys.stdout.flush()
         result = self.inference.generate(
             [ids], self.config, generator=self.generator, prefix_cache=self.prefix_cache,
             stop=stop if self.stops.stops else None, on_step=on_step if self.stream else None)
         text = self.cut(continuation.text(result.tokens[0]))
-        sys.stdout.write((text[shown:] if self.stream else echo + text) + "\n")
+        sys.stdout.write((text[shown:] if echoed else echo + text) + "\n")
         sys.stdout.flush()
         return text
 

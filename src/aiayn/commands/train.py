@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from aiayn.commands import summary
+from aiayn.commands import DefaultsHelpFormatter, summary
 
 TASKS: dict[str, str] = {
     "translation": "aiayn.commands.train_translation",
@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         module = task_module(name)
         doc = summary(module.__doc__, name)
         task_parser = tasks.add_parser(name, help=doc, description=doc,
-                                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                       formatter_class=DefaultsHelpFormatter)
         add_training_arguments(task_parser)
         module.add_arguments(task_parser)
         task_parser.set_defaults(run=run)

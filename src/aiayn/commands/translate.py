@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.commands import engine
+from aiayn.commands import DefaultsHelpFormatter, engine
 from aiayn.commands.train import device_name, positive_int
 
 
@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "translate", help="translate stdin to stdout with a trained translation run",
         description="Read sentences from stdin (one a line) and write their translations to "
                     "stdout in the same order, with beam search (paper 6.1: beam 4, alpha 0.6).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ('aiayn train "
                         "translation', or 'aiayn train text2text': its translation prefix is put "
                         "before each line) or a Hugging Face Marian / BART / T5 / mBART / M2M100 "
