@@ -55,28 +55,18 @@ def tied(request, tmp_path_factory):
     return hf, aiayn.from_pretrained(directory), directory
 
 
-def test_logits_match_transformers(tied):
-    """Right-padded sources, a teacher-forced target: the logits agree within 1e-4."""
-    hf, ours, _ = tied
-    source, source_mask = padded_ids(64, [9, 5, 7], pad=PAD, seed=1)
-    target, target_mask = padded_ids(64, [6, 8, 3], pad=PAD, seed=2)
-    target[:, 0] = EOS  # the decoder starts from </s>
-    with torch.no_grad():
-        want = hf(input_ids=source, attention_mask=source_mask.long(), decoder_input_ids=target,
-                  decoder_attention_mask=target_mask.long()).logits
-        got = ours(source, target, src_padding_mask=source_mask, tgt_padding_mask=target_mask)
-    assert max_diff_where(got, want, target_mask) <= TOLERANCE
-
-
-def test_left_padded_sources_match_transformers(tied):
-    """M2M100 numbers source positions over the real tokens (``positions_skip_padding``); mBART
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_logits_match_transformers(tied, padding):
+    """Padded sources, a teacher-forced target: the logits agree within 1e-4. Under left padding
+    M2M100 numbers source positions over the real tokens (``positions_skip_padding``) and mBART
     counts every column, pads too: each as transformers does."""
     hf, ours, _ = tied
     assert ours.config.positions_skip_padding == (hf.config.model_type == "m2m_100")
     source, source_mask = padded_ids(64, [9, 5, 7], pad=PAD, seed=1)
-    source, source_mask = source.flip(1), source_mask.flip(1)  # the padding first
+    if padding == "left":
+        source, source_mask = source.flip(1), source_mask.flip(1)
     target, target_mask = padded_ids(64, [6, 8, 3], pad=PAD, seed=2)
-    target[:, 0] = EOS
+    target[:, 0] = EOS  # the decoder starts from </s>
     with torch.no_grad():
         want = hf(input_ids=source, attention_mask=source_mask.long(), decoder_input_ids=target,
                   decoder_attention_mask=target_mask.long()).logits
