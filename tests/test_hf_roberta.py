@@ -99,6 +99,14 @@ def test_left_padded_text_equals_transformers(family, tmp_path):
     real = [row[row_mask] for row, row_mask in zip(outputs[0], mask)]  # (9, D) each but row 0
     torch.testing.assert_close(real[2], real[1], atol=2e-5, rtol=1e-5)  # padding moves nothing
     torch.testing.assert_close(real[3], real[1], atol=2e-5, rtol=1e-5)
+    # the table holds 40 positions: 45 columns fit when 5 are padding, not when all are real
+    wide = torch.cat([torch.ones(4, 5, dtype=torch.long), ids], dim=1)
+    wide_mask = torch.cat([torch.zeros(4, 5, dtype=torch.bool), mask], dim=1)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(wide, padding_mask=wide_mask),
+                                   hf_outputs(reference, wide, wide_mask), atol=2e-5, rtol=1e-5)
+        with pytest.raises(ValueError, match="45 positions exceeds the position table"):
+            ours(wide, padding_mask=torch.ones_like(wide_mask))
 
 
 def test_positions_are_read_past_the_padding_rows(tmp_path):

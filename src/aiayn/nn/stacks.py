@@ -155,16 +155,17 @@ class Encoder(nn.Module):
 
     def _real_positions(self, padding_mask: Tensor) -> Tensor:
         """(B, S): the number of real tokens before each real token; a pad reads the row before
-        position 0 (RoBERTa's padding row) where the table is offset, else position 0. The table's
-        length is checked on CPU outside ``torch.compile`` (as ``check_positions``)."""
-        pad_position = -1 if self.embeddings.positions.offset > 0 else 0
-        positions = (padding_mask.cumsum(1) - 1).masked_fill(~padding_mask, pad_position)
+        position 0 (RoBERTa's padding row) where the table is offset, else position 0. Rows longer
+        than the table are counted (one device read; not under ``torch.compile``)."""
         limit = self.embeddings.max_length
-        if limit is not None and positions.device.type == "cpu" \
-                and not torch.compiler.is_compiling() and int(positions.max()) >= limit:
-            raise ValueError(f"sequence of {int(positions.max()) + 1} positions exceeds the "
-                             f"position table (max_length={limit})")
-        return positions
+        if limit is not None and padding_mask.shape[1] > limit \
+                and not torch.compiler.is_compiling():
+            longest = int(padding_mask.sum(1).max())
+            if longest > limit:
+                raise ValueError(f"sequence of {longest} positions exceeds the position table "
+                                 f"(max_length={limit})")
+        pad_position = -1 if self.embeddings.positions.offset > 0 else 0
+        return (padding_mask.cumsum(1) - 1).masked_fill(~padding_mask, pad_position)
 
     def forward_embedded(self, x: Tensor, mask: Tensor | None = None, *,
                          need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
