@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The pinned torch first (this project's machines serve a local CPU wheel). PyPI's Linux wheel is
-# the CUDA build (GBs): for a CPU-only machine, install the CPU wheel before running this
-# (pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu); it satisfies the pin.
+# the CUDA build (GBs): for a CPU-only machine, install the CPU wheel before running this (it
+# satisfies the pin): pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e ".[translation]"
 # PRESET=t5-cpu trains T5's blocks at the same size instead of the paper's model (docs/translation.md).
