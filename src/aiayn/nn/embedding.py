@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
@@ -35,11 +36,26 @@ class Embeddings(nn.Module):
         self.tokens = tokens
         self.scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
         self.positions = make_positions(config)
-        self.max_length = config.position_limit  # None: any length (T5, DeBERTa-v3)
+        self.position_limit = config.position_limit  # None: any length (T5, DeBERTa-v3)
         self.token_types = (nn.Embedding(config.type_vocab_size, config.d_model)
                             if config.type_vocab_size else None)
         self.norm = layer_norm(config) if config.embedding_norm else None
         self.dropout = nn.Dropout(config.dropout)
+
+    def real_positions(self, padding_mask: Tensor) -> Tensor:
+        """(B, S) positions that count only real tokens (``positions_skip_padding``): the number of
+        real tokens before each one; a pad reads the row before position 0 (RoBERTa's padding
+        row) where the table is offset, else position 0. Rows longer than the table are counted
+        (one device read; not under ``torch.compile``)."""
+        limit = self.position_limit
+        if limit is not None and padding_mask.shape[1] > limit \
+                and not torch.compiler.is_compiling():
+            longest = int(padding_mask.sum(1).max())
+            if longest > limit:
+                raise ValueError(f"sequence of {longest} positions exceeds the position table "
+                                 f"(max_length={limit})")
+        pad_position = -1 if self.positions.offset > 0 else 0
+        return (padding_mask.cumsum(1) - 1).masked_fill(~padding_mask, pad_position)
 
     def forward(self, ids: Tensor, *, start: int = 0, positions: Tensor | None = None,
                 token_types: Tensor | None = None) -> Tensor:
@@ -58,9 +74,9 @@ class Embeddings(nn.Module):
             x = x * self.scale
         if self.positions is not None:
             x = x + self.positions(ids.shape[1], start, positions)  # (T, D) or (B, T, D)
-        elif self.max_length is not None and start + ids.shape[1] > self.max_length:
+        elif self.position_limit is not None and start + ids.shape[1] > self.position_limit:
             raise ValueError(f"sequence of {start + ids.shape[1]} positions exceeds "
-                             f"max_length={self.max_length}")
+                             f"max_length={self.position_limit}")
         if self.token_types is not None:
             # All-zero segments (the default) need no lookup: add row 0 directly.
             x = x + (self.token_types.weight[0] if token_types is None

@@ -146,26 +146,12 @@ class Encoder(nn.Module):
             check_padding_mask(padding_mask, *ids.shape)
             mask = key_padding_to_attention(padding_mask)  # (B, 1, 1, S)
             if self.skip_padding:
-                positions = self._real_positions(padding_mask)  # (B, S)
+                positions = self.embeddings.real_positions(padding_mask)  # (B, S)
         if token_types is not None and token_types.shape != ids.shape:
             raise ValueError(f"token_types must have the shape of ids {tuple(ids.shape)}, got "
                              f"{tuple(token_types.shape)}")
         x = self.embeddings(ids, token_types=token_types, positions=positions)  # (B, S, D)
         return self.forward_embedded(x, mask, need_weights=need_weights)
-
-    def _real_positions(self, padding_mask: Tensor) -> Tensor:
-        """(B, S): the number of real tokens before each real token; a pad reads the row before
-        position 0 (RoBERTa's padding row) where the table is offset, else position 0. Rows longer
-        than the table are counted (one device read; not under ``torch.compile``)."""
-        limit = self.embeddings.max_length
-        if limit is not None and padding_mask.shape[1] > limit \
-                and not torch.compiler.is_compiling():
-            longest = int(padding_mask.sum(1).max())
-            if longest > limit:
-                raise ValueError(f"sequence of {longest} positions exceeds the position table "
-                                 f"(max_length={limit})")
-        pad_position = -1 if self.embeddings.positions.offset > 0 else 0
-        return (padding_mask.cumsum(1) - 1).masked_fill(~padding_mask, pad_position)
 
     def forward_embedded(self, x: Tensor, mask: Tensor | None = None, *,
                          need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
@@ -214,7 +200,6 @@ class Decoder(nn.Module):
         self.norm = final_norm(config)
         self.cross_attention = cross_attention
         self.max_length = config.max_length  # a new cache's default capacity
-        self.position_limit = config.position_limit  # None: any length (T5's relative bias)
         self.window = config.sliding_window  # sliding layers see only the last `window` keys
         self.sliding = sliding_layers(config, config.n_decoder_layers)
 
@@ -232,7 +217,7 @@ class Decoder(nn.Module):
             ValueError: ``max_length`` exceeds the position table, or G does not divide ``batch``.
         """
         max_length = self.max_length if max_length is None else max_length
-        limit = self.position_limit
+        limit = self.embeddings.position_limit  # None: any length (T5's relative bias)
         if limit is not None and max_length > limit:
             raise ValueError(f"cache of {max_length} positions exceeds the position table "
                              f"(max_length={limit})")
@@ -287,7 +272,7 @@ class Decoder(nn.Module):
             self_mask = key_padding_to_attention(padding_mask)  # (B, 1, 1, keys)
         memory_mask = self._memory_mask(memory, memory_padding_mask, cache, batch)
         if positions is not None:
-            check_positions(positions, batch, length, self.position_limit)
+            check_positions(positions, batch, length, self.embeddings.position_limit)
         x = self.embeddings(ids, start=0 if slots is not None else start,
                             positions=positions)  # (B, T, D)
         return self.forward_embedded(x, memory, self_mask=self_mask, memory_mask=memory_mask,
