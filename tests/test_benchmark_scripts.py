@@ -17,9 +17,11 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import script_helpers as scripts
 import torch
 from hf_helpers import needs_hf_sdpa
 
@@ -34,26 +36,53 @@ def _start(tmp_path: Path, script: str, *arguments: str) -> subprocess.Popen:
     Temporary files go under ``tmp_path`` (TMPDIR); no hub access is attempted."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "TMPDIR": str(tmp_path),
            "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, str(BENCH / script), *arguments], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return scripts.start([BENCH / script, *arguments], cwd=REPO, env=env)
 
 
 def _finish(process: subprocess.Popen, timeout: float = 300) -> str:
-    """The stdout of a ``_start``ed script, which must succeed within ``timeout`` seconds."""
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
-        raise
+    """The stdout of a ``_start``ed script, which must succeed within ``timeout`` seconds (past it,
+    the script and the commands it started are killed)."""
+    completed = scripts.finish(process, timeout)
     script = Path(process.args[1]).name
-    assert process.returncode == 0, f"{script} failed:\n{stdout[-2000:]}\n{stderr[-3000:]}"
-    return stdout
+    assert completed.returncode == 0, (
+        f"{script} failed:\n{completed.stdout[-2000:]}\n{completed.stderr[-3000:]}")
+    return completed.stdout
 
 
 def _run(tmp_path: Path, script: str, *arguments: str, timeout: float = 300) -> str:
     """``python3 benchmarks/SCRIPT ARGUMENTS`` from the repository root; its stdout."""
     return _finish(_start(tmp_path, script, *arguments), timeout)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie waiting to be reaped counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs /proc")
+def test_a_timed_out_script_is_killed_with_the_processes_it_started(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    code = ("import pathlib, subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))\n"
+            "time.sleep(120)\n")
+    process = scripts.start(["-c", code])
+    deadline = time.monotonic() + 60
+    while not pid_file.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    assert _alive(child)
+    with pytest.raises(subprocess.TimeoutExpired):
+        scripts.finish(process, timeout=0.2)
+    assert process.returncode is not None
+    deadline = time.monotonic() + 30
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
 
 
 def _read_json(path: Path) -> dict:
@@ -300,8 +329,7 @@ def test_modern_generation_compares_qwen_and_gemma_shapes_with_hf(tmp_path):
     finally:
         for process in (default, requested):
             if process.poll() is None:
-                process.kill()
-                process.communicate()
+                scripts.stop(process)
     result = _read_json(out)
     assert "--scale 0.05" in result["command"] and result["torch"] and result["transformers"]
     assert [row["shape"] for row in result["rows"]] == ["qwen2.5-0.5b", "gemma-3-1b"]

@@ -5,10 +5,10 @@ weights agree, and asking for CUDA where there is none is a clear error. No timi
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import script_helpers as scripts
 import torch
 from hf_helpers import needs_hf_sdpa
 
@@ -19,19 +19,11 @@ SCRIPT = REPO / "benchmarks" / "gpu.py"
 
 
 def _start(*arguments) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SCRIPT), *arguments], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    return scripts.start([SCRIPT, *arguments], env={**os.environ, "PYTHONPATH": str(REPO / "src")})
 
 
 def _finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
-    try:
-        stdout, stderr = process.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
-        raise
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return scripts.finish(process, timeout=900)
 
 
 def _run(*arguments):
@@ -59,8 +51,7 @@ def cpu_runs(request, tmp_path_factory):
     yield runs
     for process, _ in runs.values():
         if process.poll() is None:
-            process.kill()
-            process.communicate()
+            scripts.stop(process)
 
 
 @needs_hf_sdpa("GPT2LMHeadModel", "MarianMTModel", "BertModel")
