@@ -7,4 +7,6 @@ cd "$(dirname "$0")/.."
 # satisfies the pin): pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e ".[dev]"
-exec bash scripts/run_pytest.sh python3 "$@"
+# Two pytest-xdist workers (a third less wall time on 2 cores than one process); later arguments
+# win: `bash scripts/test.sh -n 0` runs in one process.
+exec bash scripts/run_pytest.sh python3 -n 2 --dist loadgroup "$@"

@@ -1,7 +1,12 @@
+import os
+
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# Two intra-op threads; under pytest-xdist (scripts/test.sh runs two workers) the workers share the
+# cores, so each gets its share.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(2 if _WORKERS == 1 else max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 
 @pytest.fixture(autouse=True)

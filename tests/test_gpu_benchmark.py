@@ -38,7 +38,8 @@ PROFILE_RUN = "test_profile_records_what_each_side_runs"
 def cpu_runs(request, tmp_path_factory):
     """The two tests' ``--device cpu --tiny`` runs (test name -> (process, its --out)), started
     together when the first of them is requested: they are independent fresh interpreters, so
-    they run side by side. Only the runs of selected tests start."""
+    they run side by side. Only the runs of selected tests start; under pytest-xdist both tests
+    are in one group (``--dist loadgroup``), so one worker starts them once."""
     selected = {item.name for item in request.session.items}
     arguments = {TINY_RUN: ["--device", "cpu", "--tiny", "--rounds", "1"],
                  PROFILE_RUN: ["--device", "cpu", "--tiny", "--rounds", "1", "--only", "greedy1",
@@ -56,6 +57,7 @@ def cpu_runs(request, tmp_path_factory):
 
 @needs_hf_sdpa("GPT2LMHeadModel", "MarianMTModel", "BertModel")
 @pytest.mark.slow
+@pytest.mark.xdist_group("gpu_cpu_runs")
 def test_tiny_run_on_the_cpu_writes_every_row(cpu_runs):
     process, out = cpu_runs[TINY_RUN]  # --device cpu --tiny --rounds 1 --out OUT
     completed = _finish(process)
@@ -97,6 +99,7 @@ def test_asking_for_cuda_without_one_is_a_clear_error(tmp_path):
 
 @needs_hf_sdpa("GPT2LMHeadModel", "MarianMTModel", "BertModel")
 @pytest.mark.slow
+@pytest.mark.xdist_group("gpu_cpu_runs")
 def test_profile_records_what_each_side_runs(cpu_runs):
     """--profile: for both sides of a row, the wall and busy time of one call, its launches and the
     top kernels (on the CPU: operators), each with a count and a time."""
