@@ -1,5 +1,6 @@
 """The plain models compile whole: ``torch.compile(model, fullgraph=True)`` captures the training
-forward + backward of every family and a cached decoding step in one graph, with the eager results.
+forward + backward of every family (the paper's, GPT, BERT, DeBERTa, T5, ModernBERT, RoBERTa heads)
+and a cached decoding step in one graph, with the eager results.
 
 ``aot_eager`` traces exactly what inductor would (Dynamo's graph, AOTAutograd's forward and backward)
 without generating code, which takes minutes on 2 cores; tests/test_fast_inference.py runs inductor.
@@ -10,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aiayn import CausalLM, Transformer, TransformerConfig, TransformerEncoder
+from aiayn import (PRESETS, CausalLM, MaskedLM, SequenceClassifier, Transformer, TransformerConfig,
+                   TransformerEncoder)
 from aiayn.decoding.generation import decode_step
 from aiayn.decoding.greedy import decoder_step
 
@@ -25,7 +27,7 @@ def family_output(model, ids, mask, family=None):
     family = family or type(model)
     if family is Transformer:
         return model(ids, ids[:, :5], src_padding_mask=mask)
-    if family is TransformerEncoder:
+    if family in (TransformerEncoder, MaskedLM, SequenceClassifier):
         return model(ids, padding_mask=mask)
     return model(ids)
 
@@ -44,7 +46,22 @@ def fresh_dynamo():
     (TransformerEncoder, CONFIG.replace(  # DeBERTa-v3's disentangled attention, log buckets
         activation="gelu", positions="none", n_decoder_layers=0, attention_scale=(8 * 3) ** -0.5,
         disentangled_attention={"terms": ["c2p", "p2c"], "span": 4, "max_distance": 16})),
-], ids=["CausalLM", "Transformer", "TransformerEncoder", "DeBERTa"])
+    (Transformer, CONFIG.replace(  # T5: relative position buckets, RMS norm, no positions
+        **{k: v for k, v in PRESETS["t5-cpu"].items() if k not in (
+            "d_model", "d_ff", "n_heads", "n_encoder_layers", "n_decoder_layers", "dropout",
+            "relative_attention_buckets", "relative_attention_max_distance")},
+        relative_attention_buckets=8, relative_attention_max_distance=16)),
+    (SequenceClassifier, CONFIG.replace(  # ModernBERT: rotary, a band on the sliding layers
+        n_decoder_layers=0, activation="gelu", norm_first=True, positions="rotary",
+        gated_ffn=True, bias=False, layer_norm_bias=False, embedding_norm=True,
+        scale_embeddings=False, sliding_window=3, sliding_window_layers=[1],
+        rope_local_theta=50.0, pooler=True, pooler_activation="gelu", pooler_norm=True,
+        num_labels=3)),
+    (MaskedLM, CONFIG.replace(  # RoBERTa: positions count real tokens only
+        n_decoder_layers=0, activation="gelu", positions="learned", max_length=16,
+        positions_skip_padding=True, pad_id=1, position_offset=2)),
+], ids=["CausalLM", "Transformer", "TransformerEncoder", "DeBERTa", "T5", "ModernBERT",
+        "RoBERTa"])
 def test_training_forward_and_backward_compile_in_one_graph(family, config):
     torch.manual_seed(0)
     model = family(config).train()
