@@ -21,6 +21,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.c
 CONFIG = TransformerConfig.preset("tiny", vocab_size=60, dropout=0.0)
 IDS = torch.tensor([[5, 9, 12, 7, 3, 8, 4], [11, 4, 6, 21, 9, 0, 0]])
 MASK = IDS != 0
+T5 = CONFIG.replace(  # T5's blocks: relative position buckets, RMS norm, no position table
+    **{k: v for k, v in PRESETS["t5-cpu"].items() if k not in (
+        "d_model", "d_ff", "n_heads", "n_encoder_layers", "n_decoder_layers", "dropout",
+        "relative_attention_buckets", "relative_attention_max_distance")},
+    relative_attention_buckets=8, relative_attention_max_distance=16)
 
 
 def family_output(model, ids, mask, family=None):
@@ -46,11 +51,7 @@ def fresh_dynamo():
     (TransformerEncoder, CONFIG.replace(  # DeBERTa-v3's disentangled attention, log buckets
         activation="gelu", positions="none", n_decoder_layers=0, attention_scale=(8 * 3) ** -0.5,
         disentangled_attention={"terms": ["c2p", "p2c"], "span": 4, "max_distance": 16})),
-    (Transformer, CONFIG.replace(  # T5: relative position buckets, RMS norm, no positions
-        **{k: v for k, v in PRESETS["t5-cpu"].items() if k not in (
-            "d_model", "d_ff", "n_heads", "n_encoder_layers", "n_decoder_layers", "dropout",
-            "relative_attention_buckets", "relative_attention_max_distance")},
-        relative_attention_buckets=8, relative_attention_max_distance=16)),
+    (Transformer, T5),
     (SequenceClassifier, CONFIG.replace(  # ModernBERT: rotary, a band on the sliding layers
         n_decoder_layers=0, activation="gelu", norm_first=True, positions="rotary",
         gated_ffn=True, bias=False, layer_norm_bias=False, embedding_norm=True,
@@ -79,7 +80,7 @@ def test_training_forward_and_backward_compile_in_one_graph(family, config):
             torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("kind", ["decoder-only", "encoder-decoder"])
+@pytest.mark.parametrize("kind", ["decoder-only", "encoder-decoder", "t5"])
 def test_a_cached_decoding_step_compiles_in_one_graph(kind):
     torch.manual_seed(0)
     with torch.no_grad():
@@ -94,7 +95,7 @@ def test_a_cached_decoding_step_compiles_in_one_graph(kind):
                 want = decode_step(model, IDS[:, t:t + 1], None, None, caches[1])
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         else:
-            model = Transformer(CONFIG).eval()
+            model = Transformer(T5 if kind == "t5" else CONFIG).eval()
             step = torch.compile(decoder_step, fullgraph=True, backend="aot_eager", dynamic=True)
             memory = model.encode(IDS, MASK)
             caches = [model.new_cache(2, 16) for _ in range(2)]
