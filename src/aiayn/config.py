@@ -1,5 +1,5 @@
-"""Model configuration: one typed dataclass, validated on construction; named presets in
-``aiayn.presets`` (``PRESETS``, also importable from here).
+"""Model configuration: one typed dataclass, validated on construction (``aiayn.config_checks``);
+named presets in ``aiayn.presets`` (``PRESETS``, also importable from here).
 
 Every architectural choice that differs between the paper, BERT, GPT-2 and Marian/BART is a field here,
 so the model code never branches on "which model is this" and the interop loaders only fill in fields.
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from aiayn.config_checks import validate
 from aiayn.presets import PRESETS
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
@@ -23,15 +23,6 @@ Pooling = Literal["first", "mean"]
 PoolerActivation = Literal["tanh", "relu", "gelu", "gelu_tanh", "silu"]
 Norm = Literal["layer", "rms"]
 SparsePattern = Literal["local", "strided", "local+strided"]
-
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-POSITION_KINDS = ("sinusoidal", "learned", "rotary", "none")
-NORMS = ("layer", "rms")
-SINUSOID_LAYOUTS = ("interleaved", "split", "fairseq")
-POOLINGS = ("first", "mean")
-POOLER_ACTIVATIONS = ("tanh", *ACTIVATIONS)
-SPARSE_PATTERNS = ("local", "strided", "local+strided")
-
 
 @dataclass(kw_only=True)
 class TransformerConfig:
@@ -159,179 +150,7 @@ class TransformerConfig:
             self.final_norm = self.norm_first
         if self.decoder_start_id is None:
             self.decoder_start_id = self.bos_id
-        self._validate()
-
-    def _validate(self) -> None:
-        for name in ("vocab_size", "src_vocab_size", "d_model", "n_heads", "d_ff", "max_length",
-                     "num_labels", "attention_window", "attention_stride", "attention_chunk_size",
-                     "image_size", "patch_size", "num_channels"):
-            value = getattr(self, name)
-            if not _is_count(value):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        count = self.attention_stride_count
-        if count is not None and not _is_count(count):
-            raise ValueError(f"attention_stride_count must be a positive integer or None, got {count!r}")
-        for name in ("n_encoder_layers", "n_decoder_layers", "type_vocab_size", "position_offset"):
-            value = getattr(self, name)
-            if not _is_count(value, zero=True):
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-        if self.image_size % self.patch_size:
-            raise ValueError(f"patch_size ({self.patch_size}) must divide image_size "
-                             f"({self.image_size}): the ViT cuts images into whole patches")
-        if self.d_head is None and self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}), or set "
-                f"d_head")
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-        if self.init_std is not None and not (isinstance(self.init_std, (int, float))
-                                              and self.init_std > 0):
-            raise ValueError(f"init_std must be positive or None, got {self.init_std!r}")
-        if not (isinstance(self.layer_norm_eps, (int, float)) and self.layer_norm_eps > 0):
-            raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
-        _check_choice("activation", self.activation, ACTIVATIONS)
-        _check_choice("positions", self.positions, POSITION_KINDS)
-        if self.positions_skip_padding and self.positions not in ("learned", "sinusoidal"):
-            raise ValueError(f"positions_skip_padding numbers the rows of a position table; "
-                             f"positions={self.positions!r} has none")
-        _check_choice("sinusoid_layout", self.sinusoid_layout, SINUSOID_LAYOUTS)
-        _check_choice("pooling", self.pooling, POOLINGS)
-        _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
-        from aiayn.nn.attention.kernels import KERNELS  # late: kernels import nothing from here
-
-        _check_choice("attention", self.attention, tuple(KERNELS))
-        _check_choice("attention_pattern", self.attention_pattern, SPARSE_PATTERNS)
-        if self.attention in ("linear", "chunked") and self.attention_dropout > 0:
-            raise ValueError(f"attention_dropout must be 0 with attention={self.attention!r} (it never "
-                             f"forms the attention weights), got {self.attention_dropout!r}")
-        if self.positions == "sinusoidal" and self.d_model % 2:
-            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
-        self._validate_modern()
-        self._validate_t5()
-        self._validate_attention_scale()
-        from aiayn.nn.disentangled import disentangled_spec  # late: it imports nothing from here
-
-        disentangled_spec(self)
-        for name in ("pad_id", "bos_id", "eos_id", "decoder_start_id"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or not 0 <= value < self.vocab_size:
-                raise ValueError(f"{name} must be a token id in [0, {self.vocab_size}), got {value!r}")
-        if self.tie_source_target and self.src_vocab_size != self.vocab_size:
-            raise ValueError(
-                f"tie_source_target needs src_vocab_size == vocab_size, got {self.src_vocab_size} "
-                f"and {self.vocab_size}")
-
-    def _validate_modern(self) -> None:
-        _check_choice("norm", self.norm, NORMS)
-        for name in ("n_kv_heads", "d_head"):
-            value = getattr(self, name)
-            if value is not None and not _is_count(value):
-                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
-        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}): "
-                             f"each key/value head serves a group of n_heads / n_kv_heads queries")
-        if self.n_kv_heads not in (None, self.n_heads) and self.attention == "linear":
-            raise ValueError(f"n_kv_heads={self.n_kv_heads} needs a softmax kernel: linear attention "
-                             f"keeps one state per query head")
-        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
-            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
-        window, layers = self.sliding_window, self.sliding_window_layers
-        if window is not None and not _is_count(window):
-            raise ValueError(f"sliding_window must be a positive integer or None, got {window!r}")
-        if window is not None and self.attention in ("sparse", "linear"):
-            raise ValueError(f"sliding_window masks each query's keys, which attention="
-                             f"{self.attention!r} does not take; use 'fused', 'reference' or "
-                             f"'chunked' (sparse attention has a local window of its own: "
-                             f"attention_pattern='local')")
-        local = self.rope_local_theta
-        if local is not None and (not _is_positive(local) or window is None
-                                  or self.positions != "rotary"):
-            raise ValueError(f"rope_local_theta is the RoPE base of sliding layers: a positive "
-                             f"number with positions='rotary' and a sliding_window, got "
-                             f"{local!r} (positions={self.positions!r}, sliding_window={window!r})")
-        for name in ("attention_softcap", "logit_softcap"):
-            cap = getattr(self, name)
-            if cap is not None and not _is_positive(cap):
-                raise ValueError(f"{name} must be a positive number or None, got {cap!r}")
-        if self.attention_softcap is not None and self.attention != "reference":
-            raise ValueError(f"attention_softcap transforms every attention score, which only "
-                             f"attention='reference' writes out; got attention="
-                             f"{self.attention!r}")
-        if not self.first_attention_norm and not self.norm_first:
-            raise ValueError("first_attention_norm=False drops the norm before the first layer's "
-                             "self-attention, which only pre-norm has: it needs norm_first=True")
-        if self.sandwich_norm and not self.norm_first:
-            raise ValueError("sandwich_norm adds a norm after each sub-layer of a pre-norm block: "
-                             "it needs norm_first=True")
-        if layers is not None:
-            if window is None:
-                raise ValueError("sliding_window_layers needs a sliding_window")
-            n = max(self.n_encoder_layers, self.n_decoder_layers)
-            if not isinstance(layers, list) or not all(_is_count(i, zero=True) and i < n
-                                                       for i in layers):
-                raise ValueError(f"sliding_window_layers must be a list of layer indices in "
-                                 f"[0, {n}) (of the encoder or decoder), got {layers!r}")
-        self._validate_rotary()
-
-    def _validate_rotary(self) -> None:
-        from aiayn.nn.rotary import check_rope_scaling  # late: rotary imports nothing from here
-
-        fraction = self.rotary_fraction
-        if not (_is_positive(fraction) and fraction <= 1):
-            raise ValueError(f"rotary_fraction is the share of each head that rotary positions "
-                             f"turn: a number in (0, 1], got {fraction!r}")
-        if fraction != 1 and self.positions != "rotary":
-            raise ValueError(f"rotary_fraction={fraction!r} rotates part of each head: it needs "
-                             f"positions='rotary', not {self.positions!r}")
-        if self.positions == "rotary" and fraction != 1 and (not self.rotary_dim
-                                                             or self.rotary_dim % 2):
-            raise ValueError(f"rotary_fraction={fraction!r} of a head width of {self.head_dim} "
-                             f"rotates {self.rotary_dim} dimensions; rotary positions turn pairs "
-                             f"and need an even number above 0")
-        check_rope_scaling(self.rope_scaling, self.rotary_dim if self.positions == "rotary"
-                           else None)
-        if self.rope_scaling is not None and self.positions != "rotary":
-            raise ValueError(f"rope_scaling scales rotary positions; positions is "
-                             f"{self.positions!r}")
-        if self.positions == "rotary" and self.head_dim % 2 and fraction == 1:
-            raise ValueError(f"rotary positions rotate pairs of dimensions and need an even head "
-                             f"width, got {self.head_dim} (d_model / n_heads or d_head)")
-
-    def _validate_t5(self) -> None:
-        buckets, distance = self.relative_attention_buckets, self.relative_attention_max_distance
-        for name, value in (("relative_attention_buckets", buckets),
-                            ("relative_attention_max_distance", distance)):
-            if not _is_count(value, zero=True):
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-        if not buckets:
-            return
-        if buckets < 4 or distance <= buckets // 2:
-            raise ValueError(f"relative_attention_buckets must be >= 4 and below "
-                             f"2 * relative_attention_max_distance (half the buckets are exact "
-                             f"distances, the rest log-spaced up to the maximum), got {buckets} and "
-                             f"{distance}")
-        if self.positions != "none":
-            raise ValueError(f"a relative position bias (relative_attention_buckets={buckets}) "
-                             f"replaces absolute positions: set positions='none', not "
-                             f"{self.positions!r}")
-        if self.attention not in ("fused", "reference"):
-            raise ValueError(f"attention={self.attention!r} cannot add a relative position bias to "
-                             f"its scores; use attention='fused' or 'reference' with "
-                             f"relative_attention_buckets")
-
-    def _validate_attention_scale(self) -> None:
-        scale = self.attention_scale
-        if scale is not None and not (_is_positive(scale) and math.isfinite(scale)):
-            raise ValueError(f"attention_scale must be a positive number or None, got {scale!r}")
-        if scale is not None and not self.scale_attention:
-            raise ValueError(f"attention_scale={scale!r} and scale_attention=False both set the "
-                             f"score scale; set attention_scale alone")
-        if self.attention == "linear" and (scale is not None or not self.scale_attention):
-            name = "scale_attention=False" if scale is None else f"attention_scale={scale!r}"
-            raise ValueError(f"{name} means nothing to attention='linear' (its feature map has "
-                             f"no softmax scale); leave the score scale at its default")
+        validate(self)
 
     @property
     def head_dim(self) -> int:
@@ -412,22 +231,6 @@ class TransformerConfig:
 # (derived field, the field it defaults to): __post_init__ fills a None derived field from its source.
 _DERIVED_FIELDS = (("src_vocab_size", "vocab_size"), ("final_norm", "norm_first"),
                    ("decoder_start_id", "bos_id"))
-
-
-def _is_count(value: object, *, zero: bool = False) -> bool:
-    """An int (not a bool) above 0, or at least 0 with ``zero``."""
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and (value >= 0 if zero else value > 0))
-
-
-def _is_positive(value: object) -> bool:
-    """A number (not a bool) above 0."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-
-
-def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
 def count_parameters(module: Any) -> int:
