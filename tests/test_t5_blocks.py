@@ -14,7 +14,7 @@ from aiayn.nn.attention.chunked import ChunkedAttention
 from aiayn.nn.attention.kernels import FusedAttention, ReferenceAttention
 from aiayn.nn.attention.linear import LinearAttention
 from aiayn.nn.attention.sparse import SparseAttention
-from aiayn.nn.relative_bias import relative_position_bucket
+from aiayn.nn.relative_bias import RelativePositionBias, relative_position_bucket
 from aiayn.training.chunked_loss import projected_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -50,6 +50,15 @@ def test_buckets_equal_hugging_faces(bidirectional, buckets, distance):
     assert ours.min() >= 0 and ours.max() == buckets - 1
     if not bidirectional:  # a causal decoder never tells keys to the right apart
         assert (ours[relative > 0] == 0).all()
+    # The module looks the buckets up in a table of the distances up to max_distance: the same
+    # buckets for queries 250..254 over keys 0..600, distances far past max_distance included.
+    bias = RelativePositionBias(buckets, distance, 1, bidirectional=bidirectional)
+    with torch.no_grad():
+        bias.embedding.weight.copy_(torch.arange(buckets, dtype=torch.float)[:, None])
+    relative = torch.arange(0, 601)[None, :] - torch.arange(250, 255)[:, None]  # (5, 601)
+    want = hf_bucket(relative, bidirectional=bidirectional, num_buckets=buckets,
+                     max_distance=distance)
+    assert torch.equal(bias(5, 601, start=250)[0, 0].long(), want)
 
 
 def test_one_bias_table_per_stack_shared_by_its_layers():

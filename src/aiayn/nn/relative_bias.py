@@ -54,15 +54,21 @@ class RelativePositionBias(nn.Module):
         self.buckets, self.max_distance = buckets, max_distance
         self.bidirectional = bidirectional
         self.embedding = nn.Embedding(buckets, heads)
+        # Every distance at or past max_distance shares a last bucket, so the buckets of j - i in
+        # [-max_distance, max_distance] are all there are: computed once here, looked up in
+        # ``forward`` (which then traces with symbolic lengths on every torch).
+        span = torch.arange(-max_distance, max_distance + 1)  # (2M + 1,)
+        self.register_buffer("span_bucket", relative_position_bucket(
+            span, bidirectional=bidirectional, buckets=buckets, max_distance=max_distance),
+            persistent=False)  # (2M + 1,): the bucket of j - i at index j - i + M
 
     def forward(self, query_length: int, key_length: int, start: int = 0) -> Tensor:
         """(1, H, T, S): queries at positions start .. start + T - 1, keys at 0 .. S - 1."""
         device = self.embedding.weight.device
         query = torch.arange(start, start + query_length, device=device)[:, None]  # (T, 1)
         key = torch.arange(key_length, device=device)[None, :]  # (1, S)
-        bucket = relative_position_bucket(key - query, bidirectional=self.bidirectional,
-                                          buckets=self.buckets,
-                                          max_distance=self.max_distance)  # (T, S)
+        distance = (key - query).clamp(-self.max_distance, self.max_distance)  # (T, S)
+        bucket = self.span_bucket[distance + self.max_distance]  # (T, S)
         return self.embedding(bucket).permute(2, 0, 1).unsqueeze(0)  # (T, S, H) -> (1, H, T, S)
 
     def extra_repr(self) -> str:
