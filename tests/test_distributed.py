@@ -8,12 +8,12 @@ import json
 import multiprocessing
 import os
 import socket
-import subprocess
 import sys
 import traceback
 from pathlib import Path
 
 import pytest
+import script_helpers as scripts
 import torch
 
 from aiayn import CausalLM, MaskedLM, Transformer, TransformerConfig
@@ -510,8 +510,9 @@ def test_torchrun_runs_the_train_command(tmp_path):
                "--eval-every", "3", "--save-every", "3", "--log-every", "1", "--no-progress",
                "--device", "cpu", "--distributed", "fsdp", "--activation-checkpointing",
                "--out", str(tmp_path / "run")]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # In a session of its own: a timeout kills torchrun and its workers.
+    result = scripts.finish(scripts.start(command[1:], env={**os.environ, "OMP_NUM_THREADS": "1"}),
+                            timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert len(reports) == 1 and json.loads(reports[0])["step"] == 3  # rank 0 reports alone

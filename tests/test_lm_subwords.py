@@ -6,11 +6,11 @@ import gzip
 import json
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+import script_helpers as scripts
 import torch
 import torch.nn.functional as F
 
@@ -435,8 +435,9 @@ def test_torchrun_ranks_share_one_bpe_and_one_set_of_token_files(text_file, tmp_
                "--data", str(text_file), "--tokenizer", "bpe", "--vocab-size", "300",
                "--steps", "2", "--eval-every", "2", "--save-every", "2", "--device", "cpu",
                "--out", str(run_dir), *TINY]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # In a session of its own: a timeout kills torchrun and its workers.
+    result = scripts.finish(scripts.start(command[1:], env={**os.environ, "OMP_NUM_THREADS": "1"}),
+                            timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1])["step"] == 2
     assert sorted(p.name for p in (run_dir / "tokens").iterdir()) == ["tokens.json", "train.bin",
