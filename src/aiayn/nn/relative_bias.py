@@ -56,7 +56,8 @@ class RelativePositionBias(nn.Module):
         self.embedding = nn.Embedding(buckets, heads)
         # Every distance at or past max_distance shares a last bucket, so the buckets of j - i in
         # [-max_distance, max_distance] are all there are: computed once here, looked up in
-        # ``forward`` (which then traces with symbolic lengths on every torch).
+        # ``forward`` (no math on the bucket counts there, which torch 2.4's torch.compile with
+        # dynamic shapes holds as symbols and cannot take the log of).
         span = torch.arange(-max_distance, max_distance + 1)  # (2M + 1,)
         self.register_buffer("span_bucket", relative_position_bucket(
             span, bidirectional=bidirectional, buckets=buckets, max_distance=max_distance),
