@@ -95,9 +95,11 @@ def process_group_from_env(*, device: str | None, timeout_s: float = 1800.0
         traceback.clear_frames(error.__traceback__)  # the failed call's model and optimizer
         raise
     finally:
+        # Older torch ran a gloo group's destructor holding the GIL and can, rarely, hang here
+        # (docs/distributed.md); torch releases the GIL there since June 2025.
         dist.destroy_process_group()
         gc.collect()  # reference cycles of the wrapped model
-        del group  # the last reference: the group's destructor runs now (torch releases the GIL)
+        del group  # the last reference: the group's destructor runs now
 
 
 def is_rank_zero() -> bool:
