@@ -8,6 +8,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from aiayn.nn.attention.kernels import KERNELS
+from aiayn.nn.disentangled import disentangled_spec
+from aiayn.nn.rotary import check_rope_scaling
+
 if TYPE_CHECKING:
     from aiayn.config import TransformerConfig
 
@@ -60,8 +64,6 @@ def validate(config: TransformerConfig) -> None:
     _check_choice("sinusoid_layout", config.sinusoid_layout, SINUSOID_LAYOUTS)
     _check_choice("pooling", config.pooling, POOLINGS)
     _check_choice("pooler_activation", config.pooler_activation, POOLER_ACTIVATIONS)
-    from aiayn.nn.attention.kernels import KERNELS  # late: kernels import nothing from here
-
     _check_choice("attention", config.attention, tuple(KERNELS))
     _check_choice("attention_pattern", config.attention_pattern, SPARSE_PATTERNS)
     if config.attention in ("linear", "chunked") and config.attention_dropout > 0:
@@ -72,8 +74,6 @@ def validate(config: TransformerConfig) -> None:
     _check_modern(config)
     _check_t5(config)
     _check_attention_scale(config)
-    from aiayn.nn.disentangled import disentangled_spec  # late: it imports nothing from here
-
     disentangled_spec(config)
     for name in ("pad_id", "bos_id", "eos_id", "decoder_start_id"):
         value = getattr(config, name)
@@ -139,8 +139,6 @@ def _check_modern(config: TransformerConfig) -> None:
     _check_rotary(config)
 
 def _check_rotary(config: TransformerConfig) -> None:
-    from aiayn.nn.rotary import check_rope_scaling  # late: rotary imports nothing from here
-
     fraction = config.rotary_fraction
     if not (_is_positive(fraction) and fraction <= 1):
         raise ValueError(f"rotary_fraction is the share of each head that rotary positions "
