@@ -188,18 +188,22 @@ def save_results(path: Path, results: dict) -> None:
 
 
 def encoder_inference_main(script: str, description: str, run: Callable[..., list[dict]],
-                           layers: int, argv: list[str]) -> None:
-    """The command line of an encoder-inference comparison (``--rounds``, ``--layers``, ``--out``):
-    ``run(rounds=, layers=)`` -> rows, printed and, with ``--out``, saved with the command, the CPU
-    and the versions."""
+                           layers: int, argv: list[str], **shape: int) -> None:
+    """The command line of an encoder-inference comparison (``--rounds``, ``--layers``, ``--out``,
+    and ``--NAME`` for each integer in ``shape`` with its default): ``run(rounds=, layers=,
+    **shape)`` -> rows, printed and, with ``--out``, saved with the command, the CPU and the
+    versions."""
     import argparse
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--layers", type=int, default=layers)
+    for name, default in shape.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
-    rows = run(rounds=args.rounds, layers=args.layers)
+    rows = run(rounds=args.rounds, layers=args.layers,
+               **{name: getattr(args, name) for name in shape})
     for row in rows:
         print(f"{row['benchmark']:<42} {row['ours_value']:8.0f} vs {row['peer_value']:8.0f} "
               f"tokens/s  ratio {row['ratio']:.3f}  (max |diff| {row['max_abs_difference']:.1e})")

@@ -345,12 +345,16 @@ def test_modernbert_inference_times_both_sides_on_full_and_padded_rows(tmp_path)
     if not hasattr(transformers, "ModernBertModel"):
         pytest.skip(f"transformers {transformers.__version__} has no ModernBertModel")
     out = tmp_path / "modernbert.json"
-    _run(tmp_path, "modernbert_inference.py", "--layers", "1", "--rounds", "1", "--out", str(out))
+    # A global and a local layer; 400 positions: the local layer (window 65) attends block by block.
+    _run(tmp_path, "modernbert_inference.py", "--layers", "2", "--length", "400", "--batch", "2",
+         "--rounds", "1", "--out", str(out))
     result = _read_json(out)
-    assert "--layers 1" in result["command"] and result["torch"] and result["transformers"]
+    assert "--layers 2 --length 400" in result["command"]
+    assert result["torch"] and result["transformers"]
     assert [row["benchmark"] for row in result["rows"]] == ["ModernBERT inference",
                                                             "ModernBERT inference (padded)"]
     for row in result["rows"]:
+        assert row["shape"] == "d768 L2 T400 B2"
         assert row["max_abs_difference"] < 1e-3 and row["peer"] == "hf-modernbert-sdpa"
         assert row["ours_value"] > 0 and row["peer_value"] > 0 and row["ratio"] > 0
 

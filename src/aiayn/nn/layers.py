@@ -98,13 +98,14 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
                 rotation: Rotation | None = None, position_bias: Tensor | None = None,
-                relative: RelativeTable | None = None, need_weights: bool = False
-                ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, D), mask broadcastable to (B, H, T, T). Returns (B, T, D) and the weights."""
+                relative: RelativeTable | None = None, band: int | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, D), mask broadcastable to (B, H, T, T); ``band`` W: each position attends only
+        to the positions less than W away (a sliding layer). Returns (B, T, D) and the weights."""
         out, weights = self.self_attention(self.attention_residual.input(x), mask=mask,
                                            causal=causal, rotation=rotation,
                                            position_bias=position_bias, relative=relative,
-                                           need_weights=need_weights)
+                                           band=band, need_weights=need_weights)
         x = self.attention_residual.add(x, out)
         x = self.feedforward_residual.add(
             x, self.feedforward(self.feedforward_residual.input(x)))

@@ -21,7 +21,7 @@ from aiayn.config import TransformerConfig
 from aiayn.nn.disentangled import RelativeEmbeddings, disentangled_spec
 from aiayn.nn.embedding import Embeddings
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
-from aiayn.masks import band_mask, check_padding_mask, key_padding_to_attention, window_mask
+from aiayn.masks import check_padding_mask, key_padding_to_attention, window_mask
 from aiayn.nn.norms import layer_norm
 from aiayn.nn.relative_bias import RelativePositionBias
 from aiayn.nn.rotary import RotaryEmbedding, Rotation
@@ -168,13 +168,9 @@ class Encoder(nn.Module):
                 local_rotation = self.rotary_local(positions)
         bias = None if self.position_bias is None else self.position_bias(length, length)
         relative = None if self.relative is None else self.relative(length)
-        sliding_mask = mask
-        if any(self.sliding) and length > self.window:  # else no key is W or more away
-            band = band_mask(length, self.window, x.device)  # (S, S)
-            sliding_mask = band if mask is None else mask & band  # (B, 1, S, S)
         weights = []
         for layer, sliding in zip(self.layers, self.sliding):
-            x, layer_weights = layer(x, sliding_mask if sliding else mask,
+            x, layer_weights = layer(x, mask, band=self.window if sliding else None,
                                      rotation=local_rotation if sliding else rotation,
                                      position_bias=bias, relative=relative,
                                      need_weights=need_weights)

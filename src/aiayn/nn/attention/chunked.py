@@ -18,7 +18,8 @@ import math
 import torch
 from torch import Tensor
 
-from aiayn.nn.attention.kernels import AttentionKernel, refuse_position_bias, repeat_kv_heads
+from aiayn.nn.attention.kernels import (AttentionKernel, combine_masks, refuse_position_bias,
+                                        repeat_kv_heads)
 
 
 def _as_4d_mask(mask: Tensor | None, shape: tuple[int, int, int, int]) -> Tensor | None:
@@ -173,13 +174,14 @@ class ChunkedAttention(AttentionKernel):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0,
-                position_bias: Tensor | None = None) -> Tensor:
+                position_bias: Tensor | None = None, band: int | None = None) -> Tensor:
         refuse_position_bias(position_bias, "chunked")
         if dropout > 0:
             # The weights are never stored, so there is nothing to drop; the config rejects
             # attention_dropout > 0 with this kernel, this guards direct calls.
             raise ValueError("chunked attention does not support attention dropout (got "
                              f"dropout={dropout}); use attention='reference' or 'fused' for it")
+        mask = combine_masks(mask, False, q.shape[-2], k.shape[-2], q.device, band)  # (S, S) band
         return chunked_attention(q, k, v, mask=mask, causal=causal, chunk_size=self.chunk_size,
                                  scale=self.scale)
 

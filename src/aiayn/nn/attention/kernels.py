@@ -2,13 +2,16 @@
 
 Every kernel takes the same arguments and returns the same thing, so models swap kernels by name:
 
-    kernel(q, k, v, mask=None, causal=False, dropout=0.0, position_bias=None) -> (B, H, T, Dh)
+    kernel(q, k, v, mask=None, causal=False, dropout=0.0, position_bias=None, band=None)
+        -> (B, H, T, Dh)
 
 q (B, H, T, Dh), k and v (B, Hkv, S, Dh): Hkv = H, or fewer key/value heads each shared by a group of
 H / Hkv consecutive query heads (grouped-query attention, Ainslie et al. 2023; multi-query at Hkv = 1,
 Shazeer 2019). ``mask`` is a boolean attention mask broadcastable to (B, H, T, S) with True = may
 attend (see aiayn.masks); ``causal`` adds the right-aligned causal mask without the caller
-materialising it, so kernels that never build a (T, S) matrix can honour it. ``position_bias`` is a
+materialising it, so kernels that never build a (T, S) matrix can honour it; ``band`` W, likewise,
+limits self-attention (T = S) to the keys less than W positions away on either side (an encoder's
+sliding window, ``aiayn.masks.band_mask``). ``position_bias`` is a
 float tensor broadcastable to (B, H, T, S) added to the scores (T5's relative positions); kernels
 that cannot add it refuse it. A query row with nothing to attend to returns zeros.
 
@@ -26,14 +29,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.nn.attention.banded import banded_attention
 from aiayn.nn.attention.cache import KVCache
-from aiayn.masks import causal_mask
+from aiayn.masks import band_mask, causal_mask
 
 if TYPE_CHECKING:
     from aiayn.config import TransformerConfig
@@ -62,13 +67,36 @@ def refuse_position_bias(position_bias: Tensor | None, kernel: str) -> None:
                          f"to its scores; use attention='fused' or 'reference'")
 
 
+def refuse_band(band: int | None, kernel: str) -> None:
+    """Kernels that take key masks only cannot restrict each query to its band: a clear error."""
+    if band is not None:
+        raise ValueError(f"{kernel} attention cannot restrict each query to a band of keys (a "
+                         f"sliding window); use attention='fused', 'reference' or 'chunked'")
+
+
 def combine_masks(mask: Tensor | None, causal: bool, query_length: int, key_length: int,
-                  device: torch.device) -> Tensor | None:
-    """One boolean mask (broadcastable to (B, H, T, S)) from an optional mask and the causal flag."""
+                  device: torch.device, band: int | None = None) -> Tensor | None:
+    """One boolean mask (broadcastable to (B, H, T, S)) from an optional mask, the causal flag and
+    the band."""
     if causal and query_length > 1:  # a single query sits at the last position: it sees every key
         causal_part = causal_mask(query_length, key_length, device=device)  # (T, S)
-        return causal_part if mask is None else mask & causal_part
+        mask = causal_part if mask is None else mask & causal_part
+    if band is not None and key_length > band:  # else no key is W or more away
+        if query_length != key_length:
+            raise ValueError(f"a band is a self-attention mask (T = S), got {query_length} queries "
+                             f"and {key_length} keys")
+        band_part = band_mask(key_length, band, device=device)  # (S, S)
+        mask = band_part if mask is None else mask & band_part
     return mask
+
+
+def key_padding(mask: Tensor | None, batch: int, key_length: int) -> tuple[bool, Tensor | None]:
+    """Whether ``mask`` is None or a key mask (B|1, 1, 1, S), and then its (B, S) form (or None)."""
+    if mask is None:
+        return True, None
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
+        return False, None
+    return True, mask[:, 0, 0, :].expand(batch, key_length)
 
 
 class AttentionKernel(nn.Module):
@@ -87,7 +115,7 @@ class AttentionKernel(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0,
-                position_bias: Tensor | None = None) -> Tensor:
+                position_bias: Tensor | None = None, band: int | None = None) -> Tensor:
         raise NotImplementedError
 
     def new_cache(self, batch: int, heads: int, max_length: int, head_dim: int, *,
@@ -117,13 +145,14 @@ class ReferenceAttention(AttentionKernel):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0,
-                position_bias: Tensor | None = None) -> Tensor:
+                position_bias: Tensor | None = None, band: int | None = None) -> Tensor:
         return self.with_weights(q, k, v, mask=mask, causal=causal, dropout=dropout,
-                                 position_bias=position_bias)[0]
+                                 position_bias=position_bias, band=band)[0]
 
     def with_weights(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                      causal: bool = False, dropout: float = 0.0,
-                     position_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                     position_bias: Tensor | None = None, band: int | None = None
+                     ) -> tuple[Tensor, Tensor]:
         """Returns the output (B, H, T, Dh) and the weights (B, H, T, S) before dropout."""
         k, v = repeat_kv_heads(k, v, q.shape[1])  # (B, H, S, Dh)
         scores = q @ k.transpose(-2, -1) * self.score_scale(q.shape[-1])  # (B, H, T, S)
@@ -131,7 +160,7 @@ class ReferenceAttention(AttentionKernel):
             scores = torch.tanh(scores / self.softcap) * self.softcap
         if position_bias is not None:
             scores = scores + position_bias
-        allowed = combine_masks(mask, causal, q.shape[-2], k.shape[-2], q.device)
+        allowed = combine_masks(mask, causal, q.shape[-2], k.shape[-2], q.device, band)
         if allowed is None:
             weights = scores.softmax(dim=-1)
         else:
@@ -145,12 +174,24 @@ class ReferenceAttention(AttentionKernel):
 
 class FusedAttention(AttentionKernel):
     """``F.scaled_dot_product_attention``: PyTorch's flash / memory-efficient / math kernels, chosen
-    by PyTorch for the device, dtype and mask."""
+    by PyTorch for the device, dtype and mask.
+
+    A ``band`` of W over more than 3 W positions, with at most a key mask, runs block by block
+    (``aiayn.nn.attention.banded``): S * (3 W - 2) scores a head instead of S * S, and no (S, S)
+    mask. ModernBERT-base's encoder then runs 2.1x transformers' tokens/s at 8,192 positions on a
+    CPU (``benchmarks/modernbert_inference.py --length 8192 --batch 1``; level before).
+    """
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0,
-                position_bias: Tensor | None = None) -> Tensor:
+                position_bias: Tensor | None = None, band: int | None = None) -> Tensor:
         query_length, key_length = q.shape[-2], k.shape[-2]
+        if (band is not None and key_length > 3 * band and query_length == key_length
+                and not causal and position_bias is None):
+            is_key_mask, keys_allowed = key_padding(mask, q.shape[0], key_length)
+            if is_key_mask:  # each block: this kernel under the block's mask, no band
+                return banded_attention(partial(self, dropout=dropout), q, k, v, keys_allowed,
+                                        band)
         grouped = {}
         if k.shape[1] != q.shape[1]:  # fewer key/value heads: SDPA groups them, or we repeat them
             if SDPA_GROUPS_HEADS:
@@ -158,9 +199,10 @@ class FusedAttention(AttentionKernel):
             else:
                 k, v = repeat_kv_heads(k, v, q.shape[1])  # (B, H, S, Dh)
         options = dict(dropout_p=dropout, scale=self.scale, **grouped)
-        if causal and mask is None and position_bias is None and query_length == key_length:
+        if (causal and mask is None and position_bias is None and band is None
+                and query_length == key_length):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
-        allowed = combine_masks(mask, causal, query_length, key_length, q.device)
+        allowed = combine_masks(mask, causal, query_length, key_length, q.device, band)
         if allowed is None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=position_bias, **options)
         # SDPA returns NaN for a row with no allowed key on some versions and backends: open such rows

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.nn.attention.kernels import AttentionKernel, refuse_position_bias
+from aiayn.nn.attention.kernels import AttentionKernel, refuse_band, refuse_position_bias
 
 
 def feature_map(x: Tensor) -> Tensor:
@@ -158,8 +158,9 @@ class LinearAttention(AttentionKernel):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0,
-                position_bias: Tensor | None = None) -> Tensor:
+                position_bias: Tensor | None = None, band: int | None = None) -> Tensor:
         refuse_position_bias(position_bias, "linear")
+        refuse_band(band, "linear")
         _refuse_grouped_heads(q, k)
         if dropout > 0:
             raise ValueError(f"linear attention has no attention weights to drop out (got dropout="

@@ -80,19 +80,19 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(batch, length, heads * width))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-               need_weights: bool, position_bias: Tensor | None = None
+               need_weights: bool, position_bias: Tensor | None = None, band: int | None = None
                ) -> tuple[Tensor, Tensor | None]:
         """The kernel's output (B, H, T, Dh) and, if ``need_weights``, the weights (B, H, T, S)
         before dropout from the reference kernel (the output stays the layer's own kernel's, so
         collecting attention never changes the model's numbers)."""
         out = self.kernel(q, k, v, mask=mask, causal=causal,
                           dropout=self.dropout if self.training else 0.0,
-                          position_bias=position_bias)
+                          position_bias=position_bias, band=band)
         weights = None
         if need_weights:
             weights = ReferenceAttention(self.kernel.scale,
                                          getattr(self.kernel, "softcap", None)).with_weights(
-                q, k, v, mask=mask, causal=causal, position_bias=position_bias)[1]
+                q, k, v, mask=mask, causal=causal, position_bias=position_bias, band=band)[1]
         return out, weights
 
     def check_input(self, x: Tensor, name: str = "attention input", length: str = "T") -> None:
@@ -142,16 +142,18 @@ class SelfAttention(MultiHeadAttention):
     def forward(self, x: Tensor, *, mask: Tensor | None = None, causal: bool = False,
                 cache: KVCache | None = None, start: int | Tensor = 0,
                 rotation: Rotation | None = None, position_bias: Tensor | None = None,
-                relative: RelativeTable | None = None, need_weights: bool = False
-                ) -> tuple[Tensor, Tensor | None]:
+                relative: RelativeTable | None = None, band: int | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """Attend from x (B, T, D) to itself; returns (B, T, D) and the weights or None.
 
         ``mask`` broadcasts to (B, H, T, S), True = may attend; ``causal`` adds the right-aligned
-        causal mask. With a ``cache`` (this layer's, made by its kernel) x holds the T newest
-        positions, ``start ..``: they are written to the cache and attend causally to all S =
-        start + T positions. ``rotation``: the (cos, sin) of x's positions (rotary positions);
-        ``position_bias`` (B|1, H, T, S): added to the scores (T5); ``relative``: the stack's
-        relative table, from which ``disentangled`` adds DeBERTa's terms to the scores (no cache).
+        causal mask; ``band`` W keeps each query to the keys less than W positions away on either
+        side (an encoder's sliding window; no cache). With a ``cache`` (this layer's, made by its
+        kernel) x holds the T newest positions, ``start ..``: they are written to the cache and
+        attend causally to all S = start + T positions. ``rotation``: the (cos, sin) of x's
+        positions (rotary positions); ``position_bias`` (B|1, H, T, S): added to the scores (T5);
+        ``relative``: the stack's relative table, from which ``disentangled`` adds DeBERTa's terms
+        to the scores (no cache).
         """
         self.check_input(x)
         q, k, v = self.project(x)  # (B, H, T, Dh), (B, Hkv, T, Dh) x 2
@@ -163,7 +165,9 @@ class SelfAttention(MultiHeadAttention):
         if rotation is not None:  # RoFormer eq. 14: rotate q and k by their positions' angles
             q, k = apply_rotary(q, rotation), apply_rotary(k, rotation)
         if cache is None:
-            out, weights = self.attend(q, k, v, mask, causal, need_weights, position_bias)
+            out, weights = self.attend(q, k, v, mask, causal, need_weights, position_bias, band)
+        elif band is not None:
+            raise ValueError("a band (an encoder's sliding window) attends without a cache")
         elif need_weights:
             k, v = cache.write(start, k, v)  # (B, Hkv, S, Dh)
             out, weights = self.attend(q, k, v, mask, True, need_weights, position_bias)

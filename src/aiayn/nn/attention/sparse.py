@@ -48,7 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.nn.attention.kernels import AttentionKernel, refuse_position_bias, repeat_kv_heads
+from aiayn.nn.attention.kernels import (AttentionKernel, refuse_band, refuse_position_bias,
+                                        repeat_kv_heads)
 from aiayn.nn.attention.linear import key_mask
 
 SPARSE_PATTERNS = ("local", "strided", "local+strided")
@@ -359,8 +360,9 @@ class SparseAttention(AttentionKernel):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, dropout: float = 0.0,
-                position_bias: Tensor | None = None) -> Tensor:
+                position_bias: Tensor | None = None, band: int | None = None) -> Tensor:
         refuse_position_bias(position_bias, "sparse")
+        refuse_band(band, "sparse")
         return sparse_attention(q, k, v, mask=mask, causal=causal, dropout=dropout,
                                 pattern=self.pattern, window=self.window, stride=self.stride,
                                 stride_count=self.stride_count, scale=self.scale)
