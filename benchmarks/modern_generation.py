@@ -1,7 +1,8 @@
 """Greedy generation with today's small checkpoints' shapes: aiayn vs Hugging Face ``generate``.
 
 Random weights at the published shapes (hub downloads are out of reach here), float32, batch 1,
-a 16-token prompt and ``--new`` new tokens, greedy, no end token:
+a 16-token prompt (``--prompt``: longer ones, where the prefill and the sliding layers' window
+count) and ``--new`` new tokens, greedy, no end token:
 
 - Qwen2.5-0.5B: D 896, 24 layers, 14 query / 2 key-value heads, SwiGLU F 4864, biases on q, k, v,
   vocabulary 151,936 tied, RoPE base 1e6 (``Qwen2ForCausalLM``);
@@ -24,6 +25,7 @@ aiayn's tokens/s over HF's. On a CPU both are bound by reading the weights once 
     python3 benchmarks/modern_generation.py --out benchmarks/results/modern_generation.json
     python3 benchmarks/modern_generation.py --shapes gemma-2-2b --layers 8 \
         --out benchmarks/results/modern_generation_gemma2.json
+    python3 benchmarks/modern_generation.py --shapes gemma-3-1b --layers 6 --prompt 4096 --new 8
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def build(shape: str, scale: float, layers: int | None = None):
 
 
 def run(shapes: list[str], *, new: int, rounds: int, scale: float,
-        layers: int | None = None) -> list[dict]:
+        layers: int | None = None, prompt_length: int = PROMPT) -> list[dict]:
     from aiayn.decoding.generation import generate
     from aiayn.interop.hf import from_transformers
 
@@ -96,7 +98,7 @@ def run(shapes: list[str], *, new: int, rounds: int, scale: float,
     for shape in shapes:
         hf = build(shape, scale, layers)
         ours = from_transformers(hf)
-        prompt = torch.randint(1, hf.config.vocab_size, (1, PROMPT),
+        prompt = torch.randint(1, hf.config.vocab_size, (1, prompt_length),
                                generator=torch.Generator().manual_seed(0))
 
         def aiayn_side():
@@ -107,14 +109,14 @@ def run(shapes: list[str], *, new: int, rounds: int, scale: float,
             with torch.inference_mode():
                 return hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
                                    num_beams=1, max_new_tokens=new, min_new_tokens=new,
-                                   pad_token_id=0, eos_token_id=None)[:, PROMPT:]
+                                   pad_token_id=0, eos_token_id=None)[:, prompt_length:]
 
         same = torch.equal(aiayn_side(), hf_side())
         began = time.perf_counter()
         timing = alternate({"aiayn": aiayn_side, "hf": hf_side}, rounds=rounds, warmup=0)
         parameters = sum(p.numel() for p in hf.parameters())
         row = dict(shape=shape, layers=hf.config.num_hidden_layers, parameters=parameters,
-                   new_tokens=new, same_tokens=same,
+                   prompt_tokens=prompt_length, new_tokens=new, same_tokens=same,
                    aiayn_tokens_per_s=new / timing.median("aiayn"),
                    hf_tokens_per_s=new / timing.median("hf"),
                    ratio=timing.median("hf") / timing.median("aiayn"),
@@ -131,6 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=DEFAULT_SHAPES)
     parser.add_argument("--new", type=int, default=32, help="new tokens per generation")
+    parser.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0,
                         help="shrink the shapes (tests); 1: the published sizes")
@@ -140,7 +143,7 @@ def main() -> None:
     args = parser.parse_args()
     setup()
     rows = run(args.shapes, new=args.new, rounds=args.rounds, scale=args.scale,
-               layers=args.layers)
+               layers=args.layers, prompt_length=args.prompt)
     if args.out:
         import transformers
 

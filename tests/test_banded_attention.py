@@ -1,12 +1,14 @@
-"""The band (an encoder's sliding window): every kernel's ``band=W`` equals attention under the mask
-|i - j| < W written out here, forward and backward; the fused kernel's block-by-block path runs when
-the band is narrow and gives the same numbers, also with grouped heads, padding, rows with nothing
-to attend to, lengths that are not a multiple of W; whole encoders agree across kernels."""
+"""The band (a sliding window): every kernel's ``band=W`` equals attention under the mask
+|i - j| < W (with ``causal``: 0 <= i - j < W) written out here, forward and backward; the fused kernel's
+block-by-block path runs when the band is narrow and gives the same numbers, also with grouped
+heads, padding, rows with nothing to attend to, lengths that are not a multiple of W; whole
+encoders and decoders agree across kernels, and a decoder's cached steps after a banded prefill
+equal its full forward."""
 
 import pytest
 import torch
 
-from aiayn import SequenceClassifier, TransformerConfig, TransformerEncoder
+from aiayn import CausalLM, SequenceClassifier, TransformerConfig, TransformerEncoder
 from aiayn.nn.attention import banded, kernels
 from aiayn.nn.attention.chunked import ChunkedAttention
 from aiayn.nn.attention.kernels import FusedAttention, ReferenceAttention, swap_exact_kernels
@@ -14,13 +16,16 @@ from aiayn.nn.attention.linear import LinearAttention
 from aiayn.nn.attention.sparse import SparseAttention
 
 
-def by_hand(q, k, v, real, window):
-    """softmax over the keys with |i - j| < window that are real; zeros for a query with none."""
+def by_hand(q, k, v, real, window, causal=False):
+    """softmax over the keys with |i - j| < window (causal: 0 <= i - j < window) that are real;
+    zeros for a query with none."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     length = q.shape[2]
     i = torch.arange(length)
-    allowed = ((i[:, None] - i[None, :]).abs() < window) & real[:, None, None, :]  # (B, 1, S, S)
+    distance = i[:, None] - i[None, :]
+    band = (distance >= 0) & (distance < window) if causal else distance.abs() < window
+    allowed = band & real[:, None, None, :]  # (B, 1, S, S)
     scores = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
     weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1).nan_to_num(0.0)
     return weights @ v
@@ -42,14 +47,15 @@ def blocks_used(monkeypatch):
     calls = []
     plain = banded.banded_attention
 
-    def spy(*args, **kwargs):
-        calls.append(args[-1])
-        return plain(*args, **kwargs)
+    def spy(attend, q, k, v, keys_allowed, window, causal=False):
+        calls.append(window if not causal else ("causal", window))
+        return plain(attend, q, k, v, keys_allowed, window, causal)
 
     monkeypatch.setattr(kernels, "banded_attention", spy)
     return calls
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["both sides", "causal"])
 @pytest.mark.parametrize("kernel", [ReferenceAttention(), FusedAttention(), ChunkedAttention(7)],
                          ids=["reference", "fused", "chunked"])
 @pytest.mark.parametrize("batch, heads, kv_heads, length, window", [
@@ -59,17 +65,18 @@ def blocks_used(monkeypatch):
     (2, 2, 2, 12, 4),    # 3 W: the whole mask, no blocks
     (2, 2, 2, 3, 4),     # shorter than the window: nothing is cut
 ])
-def test_band_equals_the_mask_by_hand(kernel, batch, heads, kv_heads, length, window, blocks_used):
+def test_band_equals_the_mask_by_hand(kernel, batch, heads, kv_heads, length, window, causal,
+                                     blocks_used):
     (q, k, v), real = inputs(batch, heads, kv_heads, length)
-    expected = by_hand(q, k, v, real, window)
-    got = kernel(q, k, v, mask=real[:, None, None, :], band=window)
+    expected = by_hand(q, k, v, real, window, causal)
+    got = kernel(q, k, v, mask=real[:, None, None, :], causal=causal, band=window)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
     assert not got[0].any()  # the row of padding: zeros, never NaN
     for a, b in zip(torch.autograd.grad(got.square().sum(), (q, k, v)),
                     torch.autograd.grad(expected.square().sum(), (q, k, v))):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     blocked = isinstance(kernel, FusedAttention) and length > 3 * window
-    assert blocks_used == ([window] if blocked else [])
+    assert blocks_used == ([("causal", window) if causal else window] if blocked else [])
 
 
 def test_blocks_without_padding_mask_and_in_float32(blocks_used):
@@ -145,3 +152,49 @@ def test_compiled_encoder_with_blocks_equals_eager(blocks_used):
         compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")(
             ids, padding_mask=real)[0]
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+DECODER = CONFIG.replace(n_encoder_layers=0, n_decoder_layers=3, n_kv_heads=2, tie_output=False)
+
+
+def test_decoder_with_sliding_layers_blocks_the_whole_sequence_and_matches_its_cached_steps(
+        blocks_used):
+    """A Mistral / Gemma-shaped decoder over 100 left-padded positions: the fused kernel's causal
+    blocks give the reference kernel's logits and gradients; prefilling 60 positions into a cache
+    (blocks) and then stepping one token at a time (the window over cache slots as a mask) gives
+    the full forward's logits."""
+    torch.manual_seed(0)
+    model = CausalLM(DECODER).double()
+    ids = torch.randint(3, 60, (2, 100))
+    real = torch.ones(2, 100, dtype=torch.bool)
+    real[1, :30] = False  # left padding
+
+    def run():
+        model.zero_grad()
+        logits = model(ids, padding_mask=real)
+        logits.square().sum().backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    fused, fused_grads = run()
+    assert blocks_used == [("causal", 6)] * 2  # the two sliding layers
+    with torch.no_grad():
+        cache = model.new_cache(2, 100)
+        steps = [model(ids[:, :60], padding_mask=real[:, :60], cache=cache)]
+        steps += [model(ids[:, t:t + 1], padding_mask=real[:, :t + 1], cache=cache)
+                  for t in range(60, 100)]
+    assert blocks_used == [("causal", 6)] * 4  # the prefill's blocks; the steps take the mask
+    torch.testing.assert_close(torch.cat(steps, 1)[real], fused[real], rtol=1e-9, atol=1e-9)
+    swap_exact_kernels(model, "reference")
+    reference, reference_grads = run()
+    torch.testing.assert_close(fused, reference, rtol=1e-9, atol=1e-9)
+    for a, b in zip(fused_grads, reference_grads):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9)
+
+
+def test_a_band_with_a_cache_needs_the_whole_sequence():
+    model = CausalLM(DECODER)
+    attention = model.decoder.layers[0].self_attention
+    cache = model.new_cache(1, 20).self_attention[0]
+    x = torch.randn(1, 4, DECODER.d_model)
+    with pytest.raises(ValueError, match="a band covers a whole sequence"):
+        attention(x, causal=True, cache=cache, start=3, band=2)

@@ -317,9 +317,10 @@ def test_modern_generation_compares_qwen_and_gemma_shapes_with_hf(tmp_path):
     if not hasattr(transformers, "Gemma3ForCausalLM"):
         pytest.skip(f"transformers {transformers.__version__} has no Gemma3ForCausalLM")
     out = tmp_path / "modern.json"
-    # The two runs are independent fresh interpreters: they run side by side.
+    # The two runs are independent fresh interpreters: they run side by side. A prompt of 1,600
+    # tokens: Gemma 3's sliding layers (window 512) prefill it block by block.
     default = _start(tmp_path, "modern_generation.py", "--scale", "0.05", "--new", "4",
-                     "--rounds", "1", "--out", str(out))
+                     "--prompt", "1600", "--rounds", "1", "--out", str(out))
     requested = _start(tmp_path, "modern_generation.py", "--shapes", "gemma-2-2b", "--layers",
                        "2", "--scale", "0.05", "--new", "4", "--rounds", "1", "--out",
                        str(tmp_path / "gemma2.json"))
@@ -332,7 +333,8 @@ def test_modern_generation_compares_qwen_and_gemma_shapes_with_hf(tmp_path):
                 scripts.stop(process)
     result = _read_json(out)
     assert "--scale 0.05" in result["command"] and result["torch"] and result["transformers"]
-    assert [row["shape"] for row in result["rows"]] == ["qwen2.5-0.5b", "gemma-3-1b"]
+    assert [(row["shape"], row["prompt_tokens"]) for row in result["rows"]] == [
+        ("qwen2.5-0.5b", 1600), ("gemma-3-1b", 1600)]
     gemma2 = _read_json(tmp_path / "gemma2.json")["rows"]
     assert [(row["shape"], row["layers"]) for row in gemma2] == [("gemma-2-2b", 2)]
     for row in result["rows"] + gemma2:

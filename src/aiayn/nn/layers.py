@@ -134,16 +134,18 @@ class DecoderLayer(nn.Module):
                 memory_mask: Tensor | None = None, cache: KVCache | None = None,
                 memory_cache: MemoryCache | None = None, start: int | Tensor = 0,
                 rotation: Rotation | None = None, position_bias: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                band: int | None = None, need_weights: bool = False
+                ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x (B, T, D), at positions ``start ..`` when decoding with this layer's ``cache``.
 
         ``self_mask`` (padding of the keys) broadcasts to (B, H, T, T_keys), the causal part is always
-        added; ``memory_mask`` broadcasts to (B, H, T, S). ``rotation`` and ``position_bias`` go to
-        the self-attention. Returns (B, T, D), self- and cross-weights.
+        added; ``memory_mask`` broadcasts to (B, H, T, S). ``rotation``, ``position_bias`` and
+        ``band`` (a sliding window over the whole sequence) go to the self-attention. Returns
+        (B, T, D), self- and cross-weights.
         """
         out, self_weights = self.self_attention(
             self.self_attention_residual.input(x), mask=self_mask, causal=True, cache=cache,
-            start=start, rotation=rotation, position_bias=position_bias,
+            start=start, rotation=rotation, position_bias=position_bias, band=band,
             need_weights=need_weights)
         x = self.self_attention_residual.add(x, out)
         cross_weights = None

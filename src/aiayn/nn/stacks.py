@@ -324,13 +324,18 @@ class Decoder(nn.Module):
         local_rotation = rotation if self.rotary_local is None else \
             self._rotation(self.rotary_local, x, start, positions)
         bias = self._position_bias(x, start, positions)
-        sliding_mask = self._sliding_mask(x, start, cache, self_mask)
+        # A whole sequence (no cache, or an empty one): the sliding layers get the window as a band
+        # (the kernel may attend block by block); else the window over cache slots as a mask.
+        whole = not isinstance(start, Tensor) and start == 0
+        band = self.window if whole else None
+        sliding_mask = None if whole else self._sliding_mask(x, start, cache, self_mask)
         self_weights, cross_weights = [], []
         for index, layer in enumerate(self.layers):
             sliding = self.sliding[index]
             x, self_w, cross_w = layer(
                 x, memory, memory_mask=memory_mask, start=start,
                 self_mask=sliding_mask if sliding and sliding_mask is not None else self_mask,
+                band=band if sliding else None,
                 rotation=local_rotation if sliding else rotation, position_bias=bias,
                 cache=None if cache is None else cache.self_attention[index],
                 memory_cache=None if cache is None else cache.cross[index],

@@ -11,7 +11,7 @@ Shazeer 2019). ``mask`` is a boolean attention mask broadcastable to (B, H, T, S
 attend (see aiayn.masks); ``causal`` adds the right-aligned causal mask without the caller
 materialising it, so kernels that never build a (T, S) matrix can honour it; ``band`` W, likewise,
 limits self-attention (T = S) to the keys less than W positions away on either side (an encoder's
-sliding window, ``aiayn.masks.band_mask``). ``position_bias`` is a
+sliding window, ``aiayn.masks.band_mask``; with ``causal``, a decoder's). ``position_bias`` is a
 float tensor broadcastable to (B, H, T, S) added to the scores (T5's relative positions); kernels
 that cannot add it refuse it. A query row with nothing to attend to returns zeros.
 
@@ -123,10 +123,13 @@ class AttentionKernel(nn.Module):
         return KVCache(batch, heads, max_length, head_dim, device=device, dtype=dtype)
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, start: int,
-               mask: Tensor | None = None, position_bias: Tensor | None = None) -> Tensor:
-        """Causal attention of T new queries at positions start.. over the cache plus T new keys."""
+               mask: Tensor | None = None, position_bias: Tensor | None = None,
+               band: int | None = None) -> Tensor:
+        """Causal attention of T new queries at positions start.. over the cache plus T new keys
+        (``band``: a sliding window over a cache that was empty, start = 0)."""
         keys, values = cache.write(start, k, v)  # (B, Hkv, start + T, Dh)
-        return self(q, keys, values, mask=mask, causal=True, position_bias=position_bias)
+        return self(q, keys, values, mask=mask, causal=True, position_bias=position_bias,
+                    band=band)
 
 
 class ReferenceAttention(AttentionKernel):
@@ -177,9 +180,10 @@ class FusedAttention(AttentionKernel):
     by PyTorch for the device, dtype and mask.
 
     A ``band`` of W over more than 3 W positions, with at most a key mask, runs block by block
-    (``aiayn.nn.attention.banded``): S * (3 W - 2) scores a head instead of S * S, and no (S, S)
-    mask. ModernBERT-base's encoder then runs 2.1x transformers' tokens/s at 8,192 positions on a
-    CPU (``benchmarks/modernbert_inference.py --length 8192 --batch 1``; level before).
+    (``aiayn.nn.attention.banded``): S * (3 W - 2) scores a head (causal: S * (2 W - 1)) instead of
+    S * S, and no (S, S) mask. ModernBERT-base's encoder then runs 2.1x transformers' tokens/s at
+    8,192 positions on a CPU (``benchmarks/modernbert_inference.py --length 8192 --batch 1``;
+    level before).
     """
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
@@ -187,11 +191,11 @@ class FusedAttention(AttentionKernel):
                 position_bias: Tensor | None = None, band: int | None = None) -> Tensor:
         query_length, key_length = q.shape[-2], k.shape[-2]
         if (band is not None and key_length > 3 * band and query_length == key_length
-                and not causal and position_bias is None):
+                and position_bias is None):
             is_key_mask, keys_allowed = key_padding(mask, q.shape[0], key_length)
             if is_key_mask:  # each block: this kernel under the block's mask, no band
                 return banded_attention(partial(self, dropout=dropout), q, k, v, keys_allowed,
-                                        band)
+                                        band, causal)
         grouped = {}
         if k.shape[1] != q.shape[1]:  # fewer key/value heads: SDPA groups them, or we repeat them
             if SDPA_GROUPS_HEADS:

@@ -193,13 +193,15 @@ class LinearAttention(AttentionKernel):
         return LinearAttentionState(batch, heads, max_length, head_dim, device=device, dtype=dtype)
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, cache: LinearAttentionState, start: int,
-               mask: Tensor | None = None, position_bias: Tensor | None = None) -> Tensor:
+               mask: Tensor | None = None, position_bias: Tensor | None = None,
+               band: int | None = None) -> Tensor:
         """Causal attention of T new queries at positions start.. given the state of earlier keys.
 
         ``mask`` covers every key so far, (B, 1, 1, start + T); only its last T columns are read,
         because earlier keys were masked when they entered the state.
         """
         refuse_position_bias(position_bias, "linear")
+        refuse_band(band, "linear")
         _refuse_grouped_heads(q, k)
         if not isinstance(cache, LinearAttentionState):
             raise ValueError(f"linear attention decodes with a LinearAttentionState, got "

@@ -148,9 +148,10 @@ class SelfAttention(MultiHeadAttention):
 
         ``mask`` broadcasts to (B, H, T, S), True = may attend; ``causal`` adds the right-aligned
         causal mask; ``band`` W keeps each query to the keys less than W positions away on either
-        side (an encoder's sliding window; no cache). With a ``cache`` (this layer's, made by its
-        kernel) x holds the T newest positions, ``start ..``: they are written to the cache and
-        attend causally to all S = start + T positions. ``rotation``: the (cos, sin) of x's
+        side (an encoder's sliding window; with ``causal``, a decoder's over a whole sequence, with
+        no cache or an empty one). With a ``cache`` (this layer's, made by its kernel) x holds the T
+        newest positions, ``start ..``: they are written to the cache and attend causally to all
+        S = start + T positions. ``rotation``: the (cos, sin) of x's
         positions (rotary positions); ``position_bias`` (B|1, H, T, S): added to the scores (T5);
         ``relative``: the stack's relative table, from which ``disentangled`` adds DeBERTa's terms
         to the scores (no cache).
@@ -166,13 +167,15 @@ class SelfAttention(MultiHeadAttention):
             q, k = apply_rotary(q, rotation), apply_rotary(k, rotation)
         if cache is None:
             out, weights = self.attend(q, k, v, mask, causal, need_weights, position_bias, band)
-        elif band is not None:
-            raise ValueError("a band (an encoder's sliding window) attends without a cache")
+        elif band is not None and (isinstance(start, Tensor) or start != 0):
+            raise ValueError("a band covers a whole sequence: without a cache, or from position 0 "
+                             "of an empty one")
         elif need_weights:
             k, v = cache.write(start, k, v)  # (B, Hkv, S, Dh)
-            out, weights = self.attend(q, k, v, mask, True, need_weights, position_bias)
+            out, weights = self.attend(q, k, v, mask, True, need_weights, position_bias, band)
         else:
-            out = self.kernel.decode(q, k, v, cache, start, mask=mask, position_bias=position_bias)
+            out = self.kernel.decode(q, k, v, cache, start, mask=mask, position_bias=position_bias,
+                                     band=band)
             weights = None
         return self.merge_heads(out), weights
 
