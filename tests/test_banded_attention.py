@@ -1,9 +1,9 @@
 """The band (a sliding window): every kernel's ``band=W`` equals attention under the mask
-|i - j| < W (with ``causal``: 0 <= i - j < W) written out here, forward and backward; the fused kernel's
-block-by-block path runs when the band is narrow and gives the same numbers, also with grouped
-heads, padding, rows with nothing to attend to, lengths that are not a multiple of W; whole
-encoders and decoders agree across kernels, and a decoder's cached steps after a banded prefill
-equal its full forward."""
+|i - j| < W (with ``causal``: 0 <= i - j < W) written out here, forward and backward; the fused
+kernel's block-by-block path runs when the band is narrow and gives the same numbers, also with
+grouped heads, padding, rows with nothing to attend to, lengths that are not a multiple of W;
+whole encoders and decoders agree across kernels, and a decoder's cached steps after a banded
+prefill equal its full forward."""
 
 import pytest
 import torch

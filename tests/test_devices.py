@@ -51,6 +51,31 @@ def test_fused_attention_equals_eq_1(device, dtype, causal):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["band", "causal band"])
+def test_fused_attention_in_blocks_equals_eq_1_under_the_band(device, dtype, causal):
+    """A narrow band (sliding window) runs block by block on overlapping views of the keys: the
+    same numbers as eq. 1 under the whole mask, with padding and grouped heads, forward and
+    backward."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 100, 32, generator=generator).to(device, dtype).requires_grad_()
+    k, v = (torch.randn(2, 2, 100, 32, generator=generator).to(device, dtype).requires_grad_()
+            for _ in range(2))
+    keep = torch.ones(2, 100, dtype=torch.bool)
+    keep[1, 70:] = False
+    mask = key_padding_to_attention(keep).to(device)  # (B, 1, 1, S)
+    fused = FusedAttention()(q, k, v, mask=mask, causal=causal, band=8)
+    fused_grads = torch.autograd.grad(fused.float().square().sum(), (q, k, v))
+    inputs = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    reference = ReferenceAttention()(*inputs, mask=mask, causal=causal, band=8)
+    reference_grads = torch.autograd.grad(reference.square().sum(), inputs)
+    tolerance = TOLERANCE[device] if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(fused.float(), reference, rtol=tolerance, atol=tolerance)
+    for a, b in zip(fused_grads, reference_grads):
+        torch.testing.assert_close(a.float(), b, rtol=tolerance * 10, atol=tolerance * 10)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_cached_decoding_equals_the_full_forward(device):
     model = CausalLM(tiny(norm_first=True, attention="fused")).eval().to(device)
     tokens = torch.randint(3, 100, (3, 12), device=device)

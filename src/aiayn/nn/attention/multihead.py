@@ -151,10 +151,9 @@ class SelfAttention(MultiHeadAttention):
         side (an encoder's sliding window; with ``causal``, a decoder's over a whole sequence, with
         no cache or an empty one). With a ``cache`` (this layer's, made by its kernel) x holds the T
         newest positions, ``start ..``: they are written to the cache and attend causally to all
-        S = start + T positions. ``rotation``: the (cos, sin) of x's
-        positions (rotary positions); ``position_bias`` (B|1, H, T, S): added to the scores (T5);
-        ``relative``: the stack's relative table, from which ``disentangled`` adds DeBERTa's terms
-        to the scores (no cache).
+        S = start + T positions. ``rotation``: the (cos, sin) of x's positions (rotary positions);
+        ``position_bias`` (B|1, H, T, S): added to the scores (T5); ``relative``: the stack's
+        relative table, from which ``disentangled`` adds DeBERTa's terms to the scores (no cache).
         """
         self.check_input(x)
         q, k, v = self.project(x)  # (B, H, T, Dh), (B, Hkv, T, Dh) x 2
