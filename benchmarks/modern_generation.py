@@ -20,7 +20,9 @@ The aiayn side is ``aiayn.from_pretrained``'s model (``from_transformers``: the 
 ``aiayn.decoding.generation.generate``; HF runs ``generate`` on SDPA attention, as its docs
 recommend. Both sides must produce the same tokens. Medians over alternating rounds; the ratio is
 aiayn's tokens/s over HF's. On a CPU both are bound by reading the weights once a token
-(2 GB for Qwen, 4 GB for Gemma in float32).
+(2 GB for Qwen, 4 GB for Gemma in float32). ``kv_cache_mb``: the keys and values each side's cache
+holds at the end of the generation (aiayn's static cache, sliding layers a ring of W slots; HF's
+``DynamicCache``, sliding layers W - 1 positions), from the untimed call that checks the tokens.
 
     python3 benchmarks/modern_generation.py --out benchmarks/results/modern_generation.json
     python3 benchmarks/modern_generation.py --shapes gemma-2-2b --layers 8 \
@@ -89,10 +91,24 @@ def build(shape: str, scale: float, layers: int | None = None):
     return model.eval()
 
 
+def cache_megabytes(layers) -> float:
+    """MB of keys and values held by ``layers``: objects with ``keys`` and ``values`` tensors, or
+    (keys, values) pairs (transformers' legacy cache)."""
+    pairs = [(layer.keys, layer.values) if hasattr(layer, "keys") else layer for layer in layers]
+    return sum(keys.nbytes + values.nbytes for keys, values in pairs) / 1e6
+
+
 def run(shapes: list[str], *, new: int, rounds: int, scale: float,
         layers: int | None = None, prompt_length: int = PROMPT) -> list[dict]:
-    from aiayn.decoding.generation import generate
+    from aiayn.decoding.generation import Steps, generate
     from aiayn.interop.hf import from_transformers
+
+    class Keeping(Steps):
+        """Plain steps that keep the last cache they made (to weigh it)."""
+
+        def new_cache(self, model, batch, capacity):
+            self.cache = super().new_cache(model, batch, capacity)
+            return self.cache
 
     rows = []
     for shape in shapes:
@@ -101,29 +117,39 @@ def run(shapes: list[str], *, new: int, rounds: int, scale: float,
         prompt = torch.randint(1, hf.config.vocab_size, (1, prompt_length),
                                generator=torch.Generator().manual_seed(0))
 
-        def aiayn_side():
+        def aiayn_side(steps=None):
             with torch.inference_mode():
-                return torch.tensor(generate(ours, prompt, max_new_tokens=new, greedy=True).tokens)
+                return torch.tensor(generate(ours, prompt, max_new_tokens=new, greedy=True,
+                                             steps=steps).tokens)
 
-        def hf_side():
+        def hf_side(**options):
             with torch.inference_mode():
                 return hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
                                    num_beams=1, max_new_tokens=new, min_new_tokens=new,
-                                   pad_token_id=0, eos_token_id=None)[:, prompt_length:]
+                                   pad_token_id=0, eos_token_id=None, **options)
 
-        same = torch.equal(aiayn_side(), hf_side())
+        keeping = Keeping()
+        ours_tokens = aiayn_side(keeping)
+        hf_out = hf_side(return_dict_in_generate=True)
+        same = torch.equal(ours_tokens, hf_out.sequences[:, prompt_length:])
+        hf_cache = getattr(hf_out, "cache", None) or hf_out.past_key_values
+        kv_mb = dict(aiayn=cache_megabytes(keeping.cache.self_attention),
+                     hf=cache_megabytes(getattr(hf_cache, "layers", hf_cache)))
+        keeping = hf_out = hf_cache = None
         began = time.perf_counter()
         timing = alternate({"aiayn": aiayn_side, "hf": hf_side}, rounds=rounds, warmup=0)
         parameters = sum(p.numel() for p in hf.parameters())
         row = dict(shape=shape, layers=hf.config.num_hidden_layers, parameters=parameters,
                    prompt_tokens=prompt_length, new_tokens=new, same_tokens=same,
+                   kv_cache_mb=kv_mb,
                    aiayn_tokens_per_s=new / timing.median("aiayn"),
                    hf_tokens_per_s=new / timing.median("hf"),
                    ratio=timing.median("hf") / timing.median("aiayn"),
                    seconds=timing.seconds, wall_s=time.perf_counter() - began)
         print(f"{shape}: {parameters / 1e6:.0f}M parameters, aiayn "
               f"{row['aiayn_tokens_per_s']:.2f} tok/s, HF {row['hf_tokens_per_s']:.2f} tok/s, "
-              f"ratio {row['ratio']:.3f}, same tokens: {same}", flush=True)
+              f"ratio {row['ratio']:.3f}, same tokens: {same}, KV cache MB aiayn "
+              f"{kv_mb['aiayn']:.1f} HF {kv_mb['hf']:.1f}", flush=True)
         rows.append(row)
         hf = ours = None  # free both before the next shape is built
     return rows

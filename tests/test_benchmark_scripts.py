@@ -340,6 +340,9 @@ def test_modern_generation_compares_qwen_and_gemma_shapes_with_hf(tmp_path):
     for row in result["rows"] + gemma2:
         assert row["same_tokens"] is True
         assert row["aiayn_tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0 and row["ratio"] > 0
+        # the same positions, or a ring of W slots where HF keeps W - 1 (Gemma 3's window, 512)
+        kv = row["kv_cache_mb"]
+        assert 0 < kv["hf"] <= kv["aiayn"] <= kv["hf"] * 513 / 511
 
 
 def test_modernbert_inference_times_both_sides_on_full_and_padded_rows(tmp_path):

@@ -53,11 +53,13 @@ def causal_mask(query_length: int, key_length: int | None = None,
         diagonal=key_length - query_length)
 
 
-def window_mask(query_slots: Tensor, key_length: int, window: int) -> Tensor:
+def window_mask(query_slots: Tensor, keys: int | Tensor, window: int) -> Tensor:
     """(T, S): key j is at most ``window - 1`` slots behind the query's slot (the causal part is
     added elsewhere). ``query_slots`` (T,): the cache slots of the queries, S - T .. S - 1 for a
-    contiguous run (right-aligned, as ``causal_mask``), or a fixed-shape step's slot."""
-    keys = torch.arange(key_length, device=query_slots.device)  # (S,)
+    contiguous run (right-aligned, as ``causal_mask``), or a fixed-shape step's slot. ``keys``:
+    S (keys at slots 0 .. S - 1), or the (S,) slots of the keys (a sliding-window cache's ring)."""
+    if isinstance(keys, int):
+        keys = torch.arange(keys, device=query_slots.device)  # (S,)
     return query_slots[:, None] - keys[None, :] < window  # (T, S)
 
 

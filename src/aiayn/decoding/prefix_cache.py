@@ -28,7 +28,9 @@ shared, and when a kept prefix would not be exact or cannot be kept:
   than the cache;
 - LongRoPE (``rope_scaling`` "longrope", aiayn.nn.rotary) when the kept keys were turned by one set
   of factors and this prompt would be by the other (one side past the switch, the other not);
-- a layer whose cache is a recurrent state (linear attention), which cannot be cut back;
+- a layer whose cache is a recurrent state (linear attention), which cannot be cut back, or a
+  sliding-window layer's ring that has overwritten positions the rest of the prompt would read
+  (it holds the last W: a prompt that keeps all but at most one cached id is fine);
 - steps that own their caches (``Steps.owns_caches``: ``aiayn.fast``'s CUDA-graph steps keep one
   cache per shape and hand it to the next call of that shape, so it is not this object's to keep).
 
@@ -159,6 +161,10 @@ def _shared(model: nn.Module, cache, ids: Tensor, sequence: Tensor, width: int, 
     agree = (ids[:, :span] == sequence[:, :span]).all(dim=0)  # (span,): every row agrees
     shared = int(agree.long().cumprod(dim=0).sum())  # the leading run of agreement
     keep = min(shared, width - 1)  # the last prompt id is run: its logits pick a token
+    if keep and not all(layer.can_rewind(keep, ids.shape[1]) for layer in cache.self_attention):
+        return 0, (f"a sliding-window layer's ring has overwritten positions before {keep} that "
+                   f"the rest of the prompt would read (the prompts part at {shared} of "
+                   f"{ids.shape[1]} cached ids)")
     return keep, None if keep else "the prompt shares no prefix with the cached ids"
 
 
@@ -184,6 +190,5 @@ def _room(model: nn.Module, steps, cache, batch: int, needed: int, capacity: int
         return cache
     grown = steps.new_cache(model, batch, min(capacity, max(needed, 2 * cache.max_length)))
     for old, new in zip(cache.self_attention, grown.self_attention):
-        new.keys[:, :, :keep].copy_(old.keys[:, :, :keep])  # (B, Hkv, K, Dh)
-        new.values[:, :, :keep].copy_(old.values[:, :, :keep])
+        new.copy_prefix(old, keep)  # (B, Hkv, K, Dh), or a sliding layer's ring
     return grown

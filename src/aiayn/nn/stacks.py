@@ -225,9 +225,13 @@ class Decoder(nn.Module):
                                  f"({batch})")
         reference = self.embeddings.tokens.weight
         device, dtype = device or reference.device, dtype or reference.dtype
-        layers = [layer.self_attention.kernel.new_cache(  # only the key/value heads are kept
+        # Only the key/value heads are kept; a sliding layer keeps its window (a ring of W slots)
+        # unless a position bias is laid out by position over every key.
+        ring = self.window if self.position_bias is None else None
+        layers = [layer.self_attention.kernel.new_cache(
             batch, layer.self_attention.n_kv_heads, max_length, layer.self_attention.head_dim,
-            device=device, dtype=dtype) for layer in self.layers]
+            window=ring if sliding else None, device=device, dtype=dtype)
+            for layer, sliding in zip(self.layers, self.sliding)]
         return DecoderCache(layers, max_length, rows_per_memory=rows_per_memory)
 
     def forward(self, ids: Tensor, memory: Tensor | None = None, *,
@@ -352,21 +356,27 @@ class Decoder(nn.Module):
 
     def _sliding_mask(self, x: Tensor, start: int | Tensor, cache: DecoderCache | None,
                       self_mask: Tensor | None) -> Tensor | None:
-        """The sliding layers' self-attention mask: ``self_mask`` and the window (T, keys) over
-        cache slots (as transformers counts it, left padding included); None when no key can fall
-        out of the window."""
+        """The sliding layers' self-attention mask over the keys their caches return (T, S), or
+        (B, 1, T, S) with ``self_mask`` (B, 1, 1, keys so far) gathered to those keys: the window
+        over cache slots (as transformers counts it, left padding included); None when no key can
+        fall out of the window."""
         if self.window is None or not any(self.sliding):
             return None
         length = x.shape[1]
-        if isinstance(start, Tensor):  # a fixed-shape step: one query at that slot, every slot
-            slots, keys = start, cache.max_length
+        if cache is None:  # keys 0 .. start + T - 1, given with the queries
+            keys = torch.arange(start + length, device=x.device)  # (S,)
+        else:  # the position of each key the sliding layers' caches return, (S,)
+            keys = cache.self_attention[self.sliding.index(True)].key_slots(start, length)
+        if isinstance(start, Tensor):  # a fixed-shape step: one query at that slot
+            slots = start
         else:
-            keys = start + length
-            if keys <= self.window:
+            if start + length <= self.window:
                 return None
-            slots = torch.arange(start, keys, device=x.device)  # (T,)
-        window = window_mask(slots, keys, self.window)  # (T, keys)
-        return window if self_mask is None else self_mask & window  # (B, 1, T, keys)
+            slots = torch.arange(start, start + length, device=x.device)  # (T,)
+        window = window_mask(slots, keys, self.window) & (keys >= 0)  # (T, S): < 0 is empty
+        if self_mask is None:
+            return window
+        return self_mask.index_select(-1, keys.clamp(min=0)) & window  # (B, 1, T, S)
 
     @staticmethod
     def _rotation(rotary: RotaryEmbedding | None, x: Tensor, start: int | Tensor,

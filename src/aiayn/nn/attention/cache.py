@@ -11,7 +11,13 @@ copies the unwritten tail. Beams of one source share its cross-attention keys/va
 with ``rows_per_memory = K`` keeps them once per source (B / K rows) and the cross-attention groups each
 source's K query rows together (``CrossAttention``), so they are neither repeated nor reordered.
 
-Legend: B batch (times beams), H heads, S_max cache capacity, T new tokens, Dh head width.
+A sliding-window layer (Mistral, Gemma 2/3, Qwen2, Phi-3) never reads a key more than W - 1
+positions behind its query, so its cache is ``SlidingKVCache``: a ring of W slots, position p in
+slot p mod W (transformers' sliding-window cache layer, Mistral's rotating buffer). Its memory is W,
+not S_max, per layer, and a decoding step attends to W keys, not to all of them.
+
+Legend: B batch (times beams), H heads, S_max cache capacity, T new tokens, Dh head width,
+W window.
 """
 
 from __future__ import annotations
@@ -59,17 +65,35 @@ class KVCache:
         self.values.narrow(2, start, end - start).copy_(values)
         return self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end)
 
+    def key_slots(self, start: int | Tensor, length: int) -> Tensor:
+        """The position of every key ``write(start, ...)`` of ``length`` new ones returns, (S,):
+        0 .. start + length - 1, or every slot for a fixed-shape step (``start`` a tensor)."""
+        device = self.keys.device
+        if isinstance(start, Tensor):
+            return torch.arange(self.capacity, device=device)  # (S_max,)
+        return torch.arange(start + length, device=device)  # (start + T,)
+
+    def can_rewind(self, keep: int, length: int) -> bool:
+        """Whether, holding positions 0 .. length - 1, it can go back to holding 0 .. keep - 1 (a
+        ``PrefixCache`` keeping a shared prefix): always, positions are never overwritten."""
+        return True
+
+    def copy_prefix(self, other: KVCache, keep: int) -> None:
+        """Take positions 0 .. keep - 1 from ``other`` (a smaller cache of the same layer)."""
+        self.keys[:, :, :keep].copy_(other.keys[:, :, :keep])  # (B, H, keep, Dh)
+        self.values[:, :, :keep].copy_(other.values[:, :, :keep])
+
     def reorder(self, index: Tensor, *, filled: int | None = None) -> None:
         """Keep batch rows ``index`` (B',) in place of the old rows, e.g. surviving beams.
 
         Args:
             index: (B',) row indices into the current batch.
-            filled: positions written so far; only those are moved (default: the whole capacity).
+            filled: slots written so far; only those are moved (default: every slot).
                 Positions at or past ``filled`` hold stale values afterwards (they are overwritten
                 before they are ever read).
         """
         batch = self.keys.shape[0]
-        filled = self.capacity if filled is None else filled
+        filled = self.keys.shape[2] if filled is None else filled
         # New tensors when the batch shrinks (finished sentences leave) or when the cache is part of an
         # autograd graph (in-place ``out=`` writes cannot be differentiated).
         if index.shape[0] != batch or (torch.is_grad_enabled() and self.keys.requires_grad):
@@ -87,6 +111,100 @@ class KVCache:
                                out=new_values.narrow(2, 0, filled))
         self._spare = (self.keys, self.values)
         self.keys, self.values = new_keys, new_values
+
+
+class SlidingKVCache(KVCache):
+    """Keys and values of a sliding-window layer: position p in slot p mod W of a ring of W slots.
+
+    A query at position q attends to positions q - W + 1 .. q, so writing position p may overwrite
+    p - W, which no later query reads. ``capacity`` stays the positions the decoder may reach
+    (S_max, for the overflow check); the buffers hold W.
+
+    What ``write`` returns, and ``key_slots`` says the positions of:
+
+    - one new key (T = 1): every slot written so far, in slot order, which is position order until
+      the ring wraps (a fixed-shape step: all W slots, some maybe empty). Order does not matter to
+      attention: the keys are already rotated, and the mask follows ``key_slots``.
+    - T > 1 new keys at ``start`` (a prefill, or the rest of a prompt after a kept prefix): the
+      W - 1 positions before ``start`` (fewer near 0) then the T new ones, in position order, so
+      the kernel's right-aligned causal mask holds; the last W of them are then stored.
+    """
+
+    def __init__(self, batch: int, heads: int, max_length: int, head_dim: int, window: int, *,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive integer, got {window!r}")
+        super().__init__(batch, heads, min(window, max_length), head_dim, device=device,
+                         dtype=dtype)
+        self.window = window
+        self.max_length = max_length
+
+    @property
+    def capacity(self) -> int:
+        return self.max_length
+
+    @property
+    def slots(self) -> int:
+        """W (or S_max when that is smaller): the positions the buffers hold at once."""
+        return self.keys.shape[2]
+
+    def write(self, start: int | Tensor, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Store (B, H, T, Dh) keys/values of positions start .. start + T - 1; return the keys and
+        values to attend to (see the class docstring), (B, H, S, Dh)."""
+        length, ring = keys.shape[2], self.slots
+        if isinstance(start, Tensor):  # a fixed-shape step: one key, at a slot on the device
+            self.keys.index_copy_(2, start % ring, keys)
+            self.values.index_copy_(2, start % ring, values)
+            return self.keys, self.values
+        end = start + length
+        if end > self.capacity:
+            raise ValueError(f"KV cache holds {self.capacity} positions; writing positions "
+                             f"{start}..{end - 1} overflows it (allocate a longer cache)")
+        if length == 1:
+            self.keys.narrow(2, start % ring, 1).copy_(keys)
+            self.values.narrow(2, start % ring, 1).copy_(values)
+            filled = min(end, ring)
+            return self.keys.narrow(2, 0, filled), self.values.narrow(2, 0, filled)
+        first = max(0, start - (self.window - 1))  # the earliest position a new query reads
+        if first < start:  # read before storing: the new keys may overwrite these slots
+            held = torch.arange(first, start, device=keys.device) % ring  # (start - first,)
+            attend_keys = torch.cat([self.keys.index_select(2, held), keys], dim=2)
+            attend_values = torch.cat([self.values.index_select(2, held), values], dim=2)
+        else:
+            attend_keys, attend_values = keys, values
+        kept = min(length, ring)  # the newest W positions stay
+        slots = torch.arange(end - kept, end, device=keys.device) % ring  # (kept,)
+        self.keys.index_copy_(2, slots, keys[:, :, length - kept:])
+        self.values.index_copy_(2, slots, values[:, :, length - kept:])
+        return attend_keys, attend_values  # (B, H, start - first + T, Dh)
+
+    def key_slots(self, start: int | Tensor, length: int) -> Tensor:
+        """The position of every key ``write`` returns, (S,); negative for a slot not yet written."""
+        ring = self.slots
+        device = self.keys.device
+        if isinstance(start, Tensor) or (length == 1 and start >= ring):
+            slot = torch.arange(ring, device=device)  # (W,): slot j holds the latest p = j mod W
+            return start - (start - slot) % ring  # (W,); < 0 where nothing is written yet
+        if length == 1:
+            return torch.arange(start + 1, device=device)  # the ring has not wrapped
+        return torch.arange(max(0, start - (self.window - 1)), start + length, device=device)
+
+    def can_rewind(self, keep: int, length: int) -> bool:
+        """Going back to positions 0 .. keep - 1 needs keep - W + 1 .. keep - 1 still held: true
+        while the ring has not wrapped, or when at most one position is dropped."""
+        return length <= self.slots or keep >= length - 1
+
+    def copy_prefix(self, other: KVCache, keep: int) -> None:
+        """Take what a later query of ``other`` (a smaller cache of the same layer) may read of
+        positions 0 .. keep - 1: slots hold the same positions in both rings, and a cache too
+        small for a ring held at most W positions, in their slots."""
+        held = min(keep, self.slots, other.keys.shape[2])
+        self.keys[:, :, :held].copy_(other.keys[:, :, :held])
+        self.values[:, :, :held].copy_(other.values[:, :, :held])
+
+    def reorder(self, index: Tensor, *, filled: int | None = None) -> None:
+        """As ``KVCache.reorder``; ``filled`` positions occupy min(filled, W) slots."""
+        super().reorder(index, filled=None if filled is None else min(filled, self.slots))
 
 
 class MemoryCache:

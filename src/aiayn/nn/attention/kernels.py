@@ -19,7 +19,8 @@ A kernel's ``scale`` multiplies the scores: None is the paper's 1 / sqrt(Dh); T5
 Gemma 2 27B query_pre_attn_scalar^-1/2 (``TransformerConfig.attention_scale``).
 
 Kernels also own their decoding state: ``new_cache`` makes it, ``decode`` consumes new keys and values.
-The default is the static KV cache; a kernel with a recurrent state (linear attention) overrides both.
+The default is the static KV cache (a ring of W slots for a sliding-window layer); a kernel with a
+recurrent state (linear attention) overrides both.
 
 Legend: B batch, H heads, Hkv key/value heads, G = H / Hkv, T query length, S key length,
 Dh head width.
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.nn.attention.banded import banded_attention
-from aiayn.nn.attention.cache import KVCache
+from aiayn.nn.attention.cache import KVCache, SlidingKVCache
 from aiayn.masks import band_mask, causal_mask
 
 if TYPE_CHECKING:
@@ -119,7 +120,13 @@ class AttentionKernel(nn.Module):
         raise NotImplementedError
 
     def new_cache(self, batch: int, heads: int, max_length: int, head_dim: int, *,
-                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+                  window: int | None = None, device: torch.device | str | None = None,
+                  dtype: torch.dtype | None = None) -> KVCache:
+        """The static KV cache of a layer; ``window`` W (a sliding-window layer) with room for
+        more than W positions: a ring of W slots (``SlidingKVCache``)."""
+        if window is not None and max_length > window:
+            return SlidingKVCache(batch, heads, max_length, head_dim, window, device=device,
+                                  dtype=dtype)
         return KVCache(batch, heads, max_length, head_dim, device=device, dtype=dtype)
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, start: int,

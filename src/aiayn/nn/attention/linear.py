@@ -188,8 +188,9 @@ class LinearAttention(AttentionKernel):
                                        self.chunk_size, state, normaliser)[0]
 
     def new_cache(self, batch: int, heads: int, max_length: int, head_dim: int, *,
-                  device: torch.device | str | None = None,
+                  window: int | None = None, device: torch.device | str | None = None,
                   dtype: torch.dtype | None = None) -> LinearAttentionState:
+        refuse_band(window, "linear")
         return LinearAttentionState(batch, heads, max_length, head_dim, device=device, dtype=dtype)
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, cache: LinearAttentionState, start: int,
