@@ -179,7 +179,7 @@ class SlidingKVCache(KVCache):
         return attend_keys, attend_values  # (B, H, start - first + T, Dh)
 
     def key_slots(self, start: int | Tensor, length: int) -> Tensor:
-        """The position of every key ``write`` returns, (S,); negative for a slot not yet written."""
+        """Positions of the keys ``write`` returns, (S,); negative for a slot not yet written."""
         ring = self.slots
         device = self.keys.device
         if isinstance(start, Tensor) or (length == 1 and start >= ring):
