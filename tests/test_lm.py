@@ -114,10 +114,10 @@ def test_character_ids_are_streamed_to_token_files_as_encoding_the_whole_text(tm
     """The task's character ids (memory-mapped token files, written in chunks) equal encoding each
     split whole (nanoGPT's shakespeare_char preparation), for a text of CR LF lines and non-ASCII
     characters cut into many chunks; a resumed run reuses the files, a changed text remakes them."""
-    from aiayn.data import token_files
+    from aiayn.data import chunked_encoding
 
-    monkeypatch.setattr(token_files, "CHUNK_CHARACTERS", 50)
-    monkeypatch.setattr(token_files, "CHUNKS_PER_BATCH", 3)
+    monkeypatch.setattr(chunked_encoding, "CHUNK_CHARACTERS", 50)
+    monkeypatch.setattr(chunked_encoding, "CHUNKS_PER_BATCH", 3)
     path = tmp_path / "t.txt"
     path.write_bytes(("Früh:\r\n  Gruß — 東京 😀\r\n\r\n" + TEXT).encode("utf-8") * 3)
     text = read_text(path)
@@ -147,11 +147,11 @@ def test_a_character_outside_a_fine_tuned_vocabulary_is_reported_at_its_line(tmp
     """Fine-tuning a character model on a text with a new character names the file, the line and
     the column, wherever the chunks fall: deep in training, in the validation split, or in the
     line the split cuts, after the cut."""
-    from aiayn.data import token_files
+    from aiayn.data import chunked_encoding
     from aiayn.tasks.pretrained import PretrainedModel
 
-    monkeypatch.setattr(token_files, "CHUNK_CHARACTERS", 40)
-    monkeypatch.setattr(token_files, "CHUNKS_PER_BATCH", 2)
+    monkeypatch.setattr(chunked_encoding, "CHUNK_CHARACTERS", 40)
+    monkeypatch.setattr(chunked_encoding, "CHUNKS_PER_BATCH", 2)
     lines = TEXT.splitlines(keepends=True)
     column = 6
     if where == "cut":  # the line holding the first validation character, past it

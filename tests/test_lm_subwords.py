@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import checkpoint_builders as builders
 from hf_helpers import needs_transformers_5
 from aiayn.cli import main
-from aiayn.data import token_files
+from aiayn.data import chunked_encoding
 from aiayn.data.byte_bpe import END_OF_TEXT, learn_byte_bpe, save_byte_bpe
 from aiayn.data.text import contiguous_blocks, random_blocks, split_text
 from aiayn.data.token_files import TokenFiles
@@ -74,7 +74,7 @@ def test_token_files_hold_the_ids_of_encoding_each_split_whole(bpe, tmp_path, mo
                                                                on_disk):
     """Encoded in many small chunks (a gzip file with Windows line ends), each split's ids are those
     of the tokenizer on the whole split's text (the character split of split_text)."""
-    monkeypatch.setattr(token_files, "CHUNK_CHARACTERS", 300)
+    monkeypatch.setattr(chunked_encoding, "CHUNK_CHARACTERS", 300)
     path = tmp_path / "text.txt.gz"
     path.write_bytes(gzip.compress(TEXT.replace("\n", "\r\n").encode("utf-8")))
     calls = []
@@ -164,9 +164,9 @@ def test_chunks_give_the_ids_of_one_call_on_the_whole_split(tokenizers_of_each_k
     from aiayn.tasks.lm import batch_encoder
 
     tokenizer = tokenizers_of_each_kind[kind]
-    monkeypatch.setattr(token_files, "CHUNK_CHARACTERS", 300)
-    monkeypatch.setattr(token_files, "CHUNKS_PER_BATCH", 4)
-    monkeypatch.setattr(token_files, "CONTEXT_CHARACTERS", context)
+    monkeypatch.setattr(chunked_encoding, "CHUNK_CHARACTERS", 300)
+    monkeypatch.setattr(chunked_encoding, "CHUNKS_PER_BATCH", 4)
+    monkeypatch.setattr(chunked_encoding, "CONTEXT_CHARACTERS", context)
     (tmp_path / "tokenizer").mkdir()
     tokenizer.save(str(tmp_path / "tokenizer" / "tokenizer.json"))
     encode_batch = batch_encoder(TextTokenizer(load_tokenizer(tmp_path / "tokenizer"),
@@ -182,7 +182,7 @@ def test_chunks_give_the_ids_of_one_call_on_the_whole_split(tokenizers_of_each_k
     def written() -> tuple[list[int], list[int], list[int]]:
         tokens = TokenFiles.write(path, encode_batch=encode_batch, vocab_size=vocab_size,
                                   tokenizer_id="t", valid_fraction=0.2, directory=tmp_path / "tok")
-        ids, characters = token_files.encode_text(path, encode_batch=encode_batch,
+        ids, characters = chunked_encoding.encode_text(path, encode_batch=encode_batch,
                                                   vocab_size=vocab_size, start=1234, stop=17_777)
         assert characters == 17_777 - 1234
         return tokens.train.tolist(), tokens.valid.tolist(), ids.tolist()
@@ -193,7 +193,7 @@ def test_chunks_give_the_ids_of_one_call_on_the_whole_split(tokenizers_of_each_k
     if kind == "llama-2":  # the checkpoint's template would put <s> in front
         assert tokenizer.encode(text[:50]).ids[0] == 1 and 1 not in expected[0]
     # Each chunk encoded alone (no context): the same ids for GPT-2's, marked starts for the others
-    monkeypatch.setattr(token_files, "_context", lambda chunk: "")
+    monkeypatch.setattr(chunked_encoding, "chunk_context", lambda chunk: "")
     alone = written()
     if kind == "byte-level":
         assert alone == expected
@@ -215,7 +215,7 @@ def test_a_tokenizer_that_joins_lines_encodes_those_chunks_alone_with_a_warning(
     tokenizer.train_from_iterator(["".join(lines[i:i + 20]) for i in range(0, len(lines), 20)],
                                   trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>"],
                                                       show_progress=False))
-    monkeypatch.setattr(token_files, "CHUNK_CHARACTERS", 300)
+    monkeypatch.setattr(chunked_encoding, "CHUNK_CHARACTERS", 300)
     path = tmp_path / "joined.txt"
     path.write_text(TEXT[:20_000], encoding="utf-8")
     with pytest.warns(UserWarning, match=r"joined.txt: the tokenizer joins the end of a line and "
@@ -226,7 +226,7 @@ def test_a_tokenizer_that_joins_lines_encodes_those_chunks_alone_with_a_warning(
     # the rule, chunk by chunk, with the tokenizer called on each piece alone
     train_text, _ = split_text(TEXT[:20_000], 0.2)
     expected, joined, context = [], 0, ""
-    for chunk in token_files._chunks(iter(train_text.splitlines(keepends=True))):
+    for chunk in chunked_encoding.text_chunks(iter(train_text.splitlines(keepends=True))):
         ids, head = tokenizer.encode(context + chunk).ids, tokenizer.encode(context).ids
         if not context:  # the split's first chunk
             expected += ids
@@ -235,7 +235,7 @@ def test_a_tokenizer_that_joins_lines_encodes_those_chunks_alone_with_a_warning(
         else:
             joined += 1
             expected += tokenizer.encode(chunk).ids
-        context = token_files._context(chunk)
+        context = chunked_encoding.chunk_context(chunk)
     assert joined >= 1
     assert tokens.train.tolist() == expected
     assert str(caught[0].message).count(f" at {joined} of ") == 1
@@ -385,7 +385,7 @@ def test_fine_tuning_reads_its_text_as_transformers_tokenizes_it(text_file, tmp_
     """GPT-2's byte-level BPE and Llama's tokenizer (which marks the start of a text), in many
     chunks: the ids of transformers' tokenizer on each whole split, without <s>."""
     transformers = pytest.importorskip("transformers")
-    monkeypatch.setattr(token_files, "CHUNK_CHARACTERS", 300)
+    monkeypatch.setattr(chunked_encoding, "CHUNK_CHARACTERS", 300)
     checkpoint = getattr(builders, family)(tmp_path / family)
     run_dir = tmp_path / "run"
     assert main(["train", "lm", "--init", str(checkpoint), "--data", str(text_file), "--out",

@@ -126,7 +126,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from aiayn.data.text import VALID_FRACTION, CharVocabulary
-    from aiayn.data.token_files import TokenFiles, count_characters, encode_text
+    from aiayn.data.chunked_encoding import encode_text
+    from aiayn.data.token_files import TokenFiles, count_characters
     from aiayn.tasks.lm import batch_encoder, evaluate_ids, predicted_characters
     from aiayn.tasks.checkpoints import load_model_dir
 
