@@ -6,7 +6,9 @@ kernel and would only blur the comparison. Kernels: dense ``reference`` (eq. 1 w
 ``fused`` (torch SDPA), ``chunked`` (exact, online softmax), ``linear`` (elu+1) and ``sparse``
 (local+strided, window 128, stride 128) plus ``sparse-local`` (window 128 only) and ``sparse-bounded``
 (local+strided with the strided reach bounded to ``--stride-count`` strides, default 16: 16 strided keys
-back, up to 2048 positions; linear in n, see docs/efficient-attention.md). ``--kernels`` selects kernels.
+back, up to 2048 positions; linear in n, see docs/efficient-attention.md). ``--kernels`` selects kernels;
+on request, ``chunked-window`` and ``fused-window`` run the two exact kernels under a sliding window of
+``--window`` (the kernels' ``band``: the chunked kernel's tiles within it, the fused kernel's blocks).
 
 Every (kernel, n) runs in a fresh child process, so its peak memory is the child's own high-water mark
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``); we report it minus the child's resident size just
@@ -20,6 +22,9 @@ reported as such (so the whole run stays within minutes on a shared 2-core machi
 The growth exponent is the least-squares slope of log(median time) and log(extra memory) on log n.
 
 Run:  PYTHONPATH=src python3 benchmarks/attention_scaling.py --json benchmarks/results/attention_scaling.json
+      PYTHONPATH=src python3 benchmarks/attention_scaling.py --kernels chunked chunked-window fused \
+          fused-window --lengths 1024 2048 4096 8192 16384 --long \
+          --json benchmarks/results/attention_scaling_window.json
 """
 
 from __future__ import annotations
@@ -37,10 +42,14 @@ import time
 from pathlib import Path
 
 KERNELS = ["reference", "fused", "chunked", "linear", "sparse", "sparse-local", "sparse-bounded"]
+WINDOWED = ["chunked-window", "fused-window"]  # on request: the exact kernels under a window
 HEADS, HEAD_DIM = 8, 64
 
 
 def build_kernel(name: str, chunk_size: int, window: int, stride: int, stride_count: int):
+    """The kernel ``name``, called as ``kernel(q, k, v, causal=True)``."""
+    from functools import partial
+
     from aiayn.nn.attention.chunked import ChunkedAttention
     from aiayn.nn.attention.kernels import FusedAttention, ReferenceAttention
     from aiayn.nn.attention.linear import LinearAttention
@@ -54,6 +63,8 @@ def build_kernel(name: str, chunk_size: int, window: int, stride: int, stride_co
         "sparse": lambda: SparseAttention("local+strided", window, stride),
         "sparse-local": lambda: SparseAttention("local", window, stride),
         "sparse-bounded": lambda: SparseAttention("local+strided", window, stride, stride_count),
+        "chunked-window": lambda: partial(ChunkedAttention(chunk_size), band=window),
+        "fused-window": lambda: partial(FusedAttention(), band=window),
     }[name]()
 
 
@@ -196,7 +207,7 @@ def merge_logs(paths: list[Path], lengths: list[int], long: list[int], json_path
             if previous is None or "skipped" in previous:
                 rows[name][n] = entry
     ordered = {name: [cells[n] for n in sorted(cells)] for name, cells in rows.items()}
-    ordered = {name: ordered[name] for name in KERNELS if name in ordered}
+    ordered = {name: ordered[name] for name in KERNELS + WINDOWED if name in ordered}
     summary = report(ordered, lengths, long)
     if json_path:
         tmp = json_path.with_suffix(".tmp")
@@ -208,7 +219,7 @@ def merge_logs(paths: list[Path], lengths: list[int], long: list[int], json_path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    parser.add_argument("--kernels", nargs="+", default=KERNELS, choices=KERNELS)
+    parser.add_argument("--kernels", nargs="+", default=KERNELS, choices=KERNELS + WINDOWED)
     parser.add_argument("--long", type=int, nargs="*", default=[32768, 65536],
                         help="extra lengths run only for kernels predicted to fit (not in the fit)")
     parser.add_argument("--long-kernels", nargs="*", default=["chunked", "linear", "sparse",

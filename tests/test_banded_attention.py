@@ -1,7 +1,8 @@
 """The band (a sliding window): every kernel's ``band=W`` equals attention under the mask
 |i - j| < W (with ``causal``: 0 <= i - j < W) written out here, forward and backward; the fused
 kernel's block-by-block path runs when the band is narrow and gives the same numbers, also with
-grouped heads, padding, rows with nothing to attend to, lengths that are not a multiple of W;
+grouped heads, padding, rows with nothing to attend to, lengths that are not a multiple of W; the
+chunked kernel scores only the key tiles within the band, with no (S, S) mask;
 whole encoders and decoders agree across kernels, and a decoder's cached steps after a banded
 prefill equal its full forward."""
 
@@ -77,6 +78,39 @@ def test_band_equals_the_mask_by_hand(kernel, batch, heads, kv_heads, length, wi
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     blocked = isinstance(kernel, FusedAttention) and length > 3 * window
     assert blocks_used == ([("causal", window) if causal else window] if blocked else [])
+
+
+def test_the_chunked_kernel_scores_only_the_key_tiles_within_the_band(monkeypatch):
+    """Chunks of 8, W = 5, 64 positions: each query tile scores the keys from W - 1 before its
+    first query to W - 1 after its last (causal: to its last), and no (S, S) mask is built."""
+    from aiayn.nn.attention import chunked
+
+    def no_band_mask(*args, **kwargs):
+        raise AssertionError("an (S, S) band mask was built")
+
+    monkeypatch.setattr(kernels, "band_mask", no_band_mask)
+    tiles = []
+    plain = chunked._key_tiles
+
+    def spy(causal, band, offset, q0, q1, key_length, chunk_size):
+        keys = plain(causal, band, offset, q0, q1, key_length, chunk_size)
+        tiles.append((q0, q1, keys))
+        return keys
+
+    monkeypatch.setattr(chunked, "_key_tiles", spy)
+    (q, k, v), real = inputs(2, 2, 2, 64)
+    for causal in (False, True):
+        tiles.clear()
+        got = ChunkedAttention(8)(q, k, v, mask=real[:, None, None, :], causal=causal, band=5)
+        torch.testing.assert_close(got, by_hand(q, k, v, real, 5, causal), rtol=1e-10,
+                                   atol=1e-10)
+        assert [(q0, q1) for q0, q1, _ in tiles] == [(n, n + 8) for n in range(0, 64, 8)]
+        for q0, q1, keys in tiles:
+            assert all(a[1] == b[0] for a, b in zip(keys, keys[1:]))  # contiguous
+            assert keys[0][0] == max(0, q0 - 4)
+            assert keys[-1][1] == (q1 if causal else min(64, q1 + 4))
+        scored = sum(k1 - k0 for _, _, keys in tiles for k0, k1 in keys)
+        assert scored <= 8 * (8 + (4 if causal else 8))  # of 8 x 64 without the band
 
 
 def test_blocks_without_padding_mask_and_in_float32(blocks_used):

@@ -135,12 +135,14 @@ def test_attention_scaling_measures_each_kernel_and_rebuilds_the_table_from_its_
     shape = ["--lengths", "64", "128", "--long", "256"]
     out = tmp_path / "scaling.json"
     stdout = _run(tmp_path, "attention_scaling.py", *shape, "--kernels", "reference",
-                  "sparse-bounded", "--long-kernels", "sparse-bounded", "--repeats", "1",
+                  "sparse-bounded", "chunked-window", "--long-kernels", "sparse-bounded",
+                  "--repeats", "1",
                   "--window", "16", "--stride", "16", "--stride-count", "2", "--json", str(out))
     result = _read_json(out)
     assert result["settings"]["window"] == 16 and result["settings"]["threads"] == 1
     rows = result["results"]
     assert [r["n"] for r in rows["reference"]] == [64, 128]  # not a long kernel
+    assert [r["n"] for r in rows["chunked-window"]] == [64, 128]
     assert [(r["n"], r["long"]) for r in rows["sparse-bounded"]] == [
         (64, False), (128, False), (256, True)]
     for kernel_rows in rows.values():

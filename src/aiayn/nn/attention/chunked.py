@@ -6,7 +6,9 @@ them by exp(m_old - m_new) (the online softmax of Milakov & Gimelshein 2018, as 
 "Self-attention does not need O(n^2) memory" and FlashAttention, Dao et al. 2022). The backward pass
 recomputes each tile from the saved log-sum-exp instead of storing the (T, S) weights, so forward and
 backward both hold O(T * chunk) scores at a time and the result equals ``ReferenceAttention`` to float
-rounding.
+rounding. The causal mask and a band (a sliding window of W) are applied per tile, never as a (T, S)
+matrix, and the key tiles wholly outside them are skipped: under a band each query tile scores only
+the keys within W - 1 of it, O(T * (chunk + 2 W)) work.
 
 Legend: B batch, H heads, T query length, S key length, Dh head width, C chunk size.
 """
@@ -18,8 +20,7 @@ import math
 import torch
 from torch import Tensor
 
-from aiayn.nn.attention.kernels import (AttentionKernel, combine_masks, refuse_position_bias,
-                                        repeat_kv_heads)
+from aiayn.nn.attention.kernels import AttentionKernel, refuse_position_bias, repeat_kv_heads
 
 
 def _as_4d_mask(mask: Tensor | None, shape: tuple[int, int, int, int]) -> Tensor | None:
@@ -39,32 +40,46 @@ def _as_4d_mask(mask: Tensor | None, shape: tuple[int, int, int, int]) -> Tensor
     return mask
 
 
-def _tile_mask(mask: Tensor | None, causal: bool, offset: int, q0: int, q1: int, k0: int, k1: int,
-               device: torch.device) -> Tensor | None:
+def _tile_mask(mask: Tensor | None, causal: bool, band: int | None, offset: int, q0: int, q1: int,
+               k0: int, k1: int, device: torch.device) -> Tensor | None:
     """Allowed entries of the tile queries q0..q1-1 x keys k0..k1-1 (broadcastable), or None."""
     allowed = None
     if mask is not None:
         rows = slice(q0, q1) if mask.shape[2] > 1 else slice(None)
         cols = slice(k0, k1) if mask.shape[3] > 1 else slice(None)
         allowed = mask[:, :, rows, cols]
-    # Right-aligned causal: query i sits at position offset + i; the tile needs a mask only where
-    # its last key lies after its first query's position.
-    if causal and k1 - 1 > offset + q0:
-        query_pos = torch.arange(offset + q0, offset + q1, device=device)[:, None]  # (Tc, 1)
-        key_pos = torch.arange(k0, k1, device=device)[None, :]  # (1, Sc)
-        causal_part = key_pos <= query_pos  # (Tc, Sc)
-        allowed = causal_part if allowed is None else allowed & causal_part
+    # Right-aligned: query i sits at position offset + i. The causal part is needed only where the
+    # tile's last key lies after its first query; the band's only where its corners are W apart.
+    first, last = offset + q0, offset + q1 - 1
+    needs_causal = causal and k1 - 1 > first
+    needs_band = band is not None and max(last - k0, k1 - 1 - first) >= band
+    if needs_causal or needs_band:
+        distance = (torch.arange(first, last + 1, device=device)[:, None]
+                    - torch.arange(k0, k1, device=device)[None, :])  # (Tc, Sc): query - key
+        part = (distance >= 0) if needs_causal else None
+        if needs_band:
+            near = distance.abs() < band
+            part = near if part is None else part & near
+        allowed = part if allowed is None else allowed & part
     return allowed
 
 
-def _key_end(causal: bool, offset: int, q1: int, key_length: int) -> int:
-    """Keys after the last query's position are never attended under the causal mask: skip them."""
-    return min(key_length, offset + q1) if causal else key_length
+def _key_tiles(causal: bool, band: int | None, offset: int, q0: int, q1: int, key_length: int,
+               chunk_size: int) -> list[tuple[int, int]]:
+    """The key tiles (k0, k1) the queries q0..q1-1 may attend to: keys after the last query's
+    position are skipped under the causal mask, keys W or more from every query under a band."""
+    start, end = 0, key_length
+    if causal:
+        end = min(end, offset + q1)
+    if band is not None:
+        start = max(0, offset + q0 - band + 1)
+        end = min(end, offset + q1 - 1 + band)
+    return [(k0, min(k0 + chunk_size, end)) for k0 in range(start, end, chunk_size)]
 
 
 class _ChunkedAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal, chunk_size, scale):
+    def forward(ctx, q, k, v, mask, causal, band, chunk_size, scale):
         batch, heads, query_length, head_dim = q.shape
         key_length = k.shape[2]
         offset = key_length - query_length
@@ -77,10 +92,9 @@ class _ChunkedAttentionFunction(torch.autograd.Function):
                                  device=q.device)
             row_sum = torch.zeros_like(row_max)  # (B, H, Tc, 1)
             acc = torch.zeros(batch, heads, q1 - q0, head_dim, dtype=q.dtype, device=q.device)
-            for k0 in range(0, _key_end(causal, offset, q1, key_length), chunk_size):
-                k1 = min(k0 + chunk_size, key_length)
+            for k0, k1 in _key_tiles(causal, band, offset, q0, q1, key_length, chunk_size):
                 scores = q_tile @ k[:, :, k0:k1].transpose(-2, -1)  # (B, H, Tc, Sc)
-                allowed = _tile_mask(mask, causal, offset, q0, q1, k0, k1, q.device)
+                allowed = _tile_mask(mask, causal, band, offset, q0, q1, k0, k1, q.device)
                 if allowed is not None:
                     scores = scores.masked_fill(~allowed, -math.inf)
                 new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
@@ -97,7 +111,8 @@ class _ChunkedAttentionFunction(torch.autograd.Function):
             lse[:, :, q0:q1] = torch.where(has_key, finite_max + torch.log(row_sum.clamp_min(
                 torch.finfo(q.dtype).tiny)), 0.0)
         ctx.save_for_backward(q, k, v, out, lse, *(() if mask is None else (mask,)))
-        ctx.causal, ctx.chunk_size, ctx.has_mask = causal, chunk_size, mask is not None
+        ctx.causal, ctx.band, ctx.chunk_size = causal, band, chunk_size
+        ctx.has_mask = mask is not None
         ctx.scale = scale
         return out
 
@@ -105,7 +120,7 @@ class _ChunkedAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse, *rest = ctx.saved_tensors
         mask = rest[0] if ctx.has_mask else None
-        causal, chunk_size, scale = ctx.causal, ctx.chunk_size, ctx.scale
+        causal, band, chunk_size, scale = ctx.causal, ctx.band, ctx.chunk_size, ctx.scale
         query_length, key_length = q.shape[2], k.shape[2]
         offset = key_length - query_length
         grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -114,11 +129,10 @@ class _ChunkedAttentionFunction(torch.autograd.Function):
         for q0 in range(0, query_length, chunk_size):
             q1 = min(q0 + chunk_size, query_length)
             q_tile, grad_out_tile = q[:, :, q0:q1], grad_out[:, :, q0:q1]  # (B, H, Tc, Dh)
-            for k0 in range(0, _key_end(causal, offset, q1, key_length), chunk_size):
-                k1 = min(k0 + chunk_size, key_length)
+            for k0, k1 in _key_tiles(causal, band, offset, q0, q1, key_length, chunk_size):
                 k_tile, v_tile = k[:, :, k0:k1], v[:, :, k0:k1]  # (B, H, Sc, Dh)
                 scores = (q_tile * scale) @ k_tile.transpose(-2, -1)  # (B, H, Tc, Sc)
-                allowed = _tile_mask(mask, causal, offset, q0, q1, k0, k1, q.device)
+                allowed = _tile_mask(mask, causal, band, offset, q0, q1, k0, k1, q.device)
                 if allowed is not None:
                     scores = scores.masked_fill(~allowed, -math.inf)
                 weights = torch.exp(scores - lse[:, :, q0:q1])  # (B, H, Tc, Sc), normalised
@@ -127,12 +141,12 @@ class _ChunkedAttentionFunction(torch.autograd.Function):
                 grad_scores = weights * (grad_weights - delta[:, :, q0:q1]) * scale
                 grad_q[:, :, q0:q1] += grad_scores @ k_tile
                 grad_k[:, :, k0:k1] += grad_scores.transpose(-2, -1) @ q_tile
-        return grad_q, grad_k, grad_v, None, None, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None, None
 
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                       causal: bool = False, chunk_size: int = 256,
-                      scale: float | None = None) -> Tensor:
+                      scale: float | None = None, band: int | None = None) -> Tensor:
     """Exact attention (B, H, T, Dh) in O(T * chunk_size) memory; see the module docstring.
 
     Args:
@@ -141,9 +155,12 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = Non
         causal: add the right-aligned causal mask (query i sits at position S - T + i).
         chunk_size: queries and keys per tile.
         scale: multiplies the scores; None: 1 / sqrt(Dh).
+        band: W: each query attends only to the keys less than W positions away (self-attention,
+            T = S; with ``causal``, the W - 1 before it and itself).
 
     Raises:
-        ValueError: a non-boolean or non-broadcastable mask, T > S with ``causal``, bad chunk size.
+        ValueError: a non-boolean or non-broadcastable mask, T > S with ``causal``, bad chunk size,
+            a band with T != S.
     """
     if not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
@@ -152,10 +169,15 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = Non
     if causal and query_length > key_length:
         raise ValueError(f"causal attention needs query_length <= key_length, got {query_length} > "
                          f"{key_length}")
+    if band is not None and key_length <= band:
+        band = None  # no key is W or more away
+    if band is not None and query_length != key_length:
+        raise ValueError(f"a band is a self-attention mask (T = S), got {query_length} queries "
+                         f"and {key_length} keys")
     mask = _as_4d_mask(mask, (batch, heads, query_length, key_length))
     k, v = repeat_kv_heads(k, v, heads)  # (B, H, S, Dh)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return _ChunkedAttentionFunction.apply(q, k, v, mask, causal, chunk_size, scale)
+    return _ChunkedAttentionFunction.apply(q, k, v, mask, causal, band, chunk_size, scale)
 
 
 class ChunkedAttention(AttentionKernel):
@@ -181,9 +203,8 @@ class ChunkedAttention(AttentionKernel):
             # attention_dropout > 0 with this kernel, this guards direct calls.
             raise ValueError("chunked attention does not support attention dropout (got "
                              f"dropout={dropout}); use attention='reference' or 'fused' for it")
-        mask = combine_masks(mask, False, q.shape[-2], k.shape[-2], q.device, band)  # (S, S) band
         return chunked_attention(q, k, v, mask=mask, causal=causal, chunk_size=self.chunk_size,
-                                 scale=self.scale)
+                                 scale=self.scale, band=band)
 
     def extra_repr(self) -> str:
         return f"chunk_size={self.chunk_size}"
