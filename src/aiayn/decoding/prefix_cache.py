@@ -163,8 +163,8 @@ def _shared(model: nn.Module, cache, ids: Tensor, sequence: Tensor, width: int, 
     keep = min(shared, width - 1)  # the last prompt id is run: its logits pick a token
     if keep and not all(layer.can_rewind(keep, ids.shape[1]) for layer in cache.self_attention):
         return 0, (f"a sliding-window layer's ring has overwritten positions before {keep} that "
-                   f"the rest of the prompt would read (the prompts part at {shared} of "
-                   f"{ids.shape[1]} cached ids)")
+                   f"the rest of the prompt would read (it shares {shared} of the "
+                   f"{ids.shape[1]} cached ids; a ring keeps all of them or all but the last)")
     return keep, None if keep else "the prompt shares no prefix with the cached ids"
 
 

@@ -363,16 +363,16 @@ class Decoder(nn.Module):
         if self.window is None or not any(self.sliding):
             return None
         length = x.shape[1]
-        if cache is None:  # keys 0 .. start + T - 1, given with the queries
-            keys = torch.arange(start + length, device=x.device)  # (S,)
-        else:  # the position of each key the sliding layers' caches return, (S,)
-            keys = cache.self_attention[self.sliding.index(True)].key_slots(start, length)
         if isinstance(start, Tensor):  # a fixed-shape step: one query at that slot
             slots = start
         else:
             if start + length <= self.window:
                 return None
             slots = torch.arange(start, start + length, device=x.device)  # (T,)
+        if cache is None:  # keys 0 .. start + T - 1, given with the queries
+            keys = torch.arange(start + length, device=x.device)  # (S,)
+        else:  # the position of each key the sliding layers' caches return, (S,)
+            keys = cache.self_attention[self.sliding.index(True)].key_slots(start, length)
         window = window_mask(slots, keys, self.window) & (keys >= 0)  # (T, S): < 0 is empty
         if self_mask is None:
             return window
