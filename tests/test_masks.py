@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from aiayn.masks import (attention_mask, band_mask, causal_mask, check_attention_mask,
-                         check_padding_mask, padding_mask_from_ids, padding_mask_from_lengths)
+from aiayn.masks import (attention_mask, band_mask, cache_window_mask, causal_mask,
+                         check_attention_mask, check_padding_mask, padding_mask_from_ids,
+                         padding_mask_from_lengths)
 
 
 def test_padding_from_lengths_and_ids():
@@ -22,6 +23,21 @@ def test_causal_mask_is_right_aligned():
     assert causal_mask(2, 5).tolist() == [[True, True, True, True, False], [True] * 5]
     with pytest.raises(ValueError, match="query_length <= key_length"):
         causal_mask(4, 3)
+
+
+def test_a_ring_caches_window_mask_follows_its_key_slots_by_hand():
+    """W = 4, a query at slot 9 over a ring holding slots 8, 9, 6, 7 (in that order), then a fresh
+    ring at slot 1 (slots 0, 1, -2, -1: two not yet written); row 1 pads slot 7."""
+    keys = torch.tensor([8, 9, 6, 7])
+    assert cache_window_mask(torch.tensor([9]), keys, 4).tolist() == [[True] * 4]
+    assert cache_window_mask(torch.tensor([9]), keys, 3).tolist() == [[True, True, False, True]]
+    padding = torch.ones(2, 1, 1, 10, dtype=torch.bool)
+    padding[1, 0, 0, 7] = False
+    got = cache_window_mask(torch.tensor([9]), keys, 4, padding)  # (B, 1, T, S)
+    assert got.shape == (2, 1, 1, 4)
+    assert got[:, 0, 0].tolist() == [[True] * 4, [True, True, True, False]]
+    fresh = cache_window_mask(torch.tensor([1]), torch.tensor([0, 1, -2, -1]), 4)
+    assert fresh.tolist() == [[True, True, False, False]]
 
 
 def test_band_mask_sees_the_window_minus_one_keys_on_either_side():

@@ -63,6 +63,17 @@ def window_mask(query_slots: Tensor, keys: int | Tensor, window: int) -> Tensor:
     return query_slots[:, None] - keys[None, :] < window  # (T, S)
 
 
+def cache_window_mask(query_slots: Tensor, key_slots: Tensor, window: int,
+                      key_padding: Tensor | None = None) -> Tensor:
+    """A sliding layer's mask over the keys its cache returns: (T, S), or (B, 1, T, S) with
+    ``key_padding`` (B, 1, 1, keys so far) gathered to the keys. ``key_slots`` (S,): the slot of
+    each key (a ring cache returns them in its own order; < 0 is a slot not yet written)."""
+    allowed = window_mask(query_slots, key_slots, window) & (key_slots >= 0)  # (T, S)
+    if key_padding is None:
+        return allowed
+    return key_padding.index_select(-1, key_slots.clamp(min=0)) & allowed  # (B, 1, T, S)
+
+
 def band_mask(length: int, window: int, device: torch.device | str | None = None) -> Tensor:
     """(S, S) bidirectional band: query i may attend key j iff |i - j| < ``window`` (the encoder's
     sliding window; ModernBERT's local attention of ``local_attention`` keys is ``window`` =

@@ -21,7 +21,7 @@ from aiayn.config import TransformerConfig
 from aiayn.nn.disentangled import RelativeEmbeddings, disentangled_spec
 from aiayn.nn.embedding import Embeddings
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
-from aiayn.masks import check_padding_mask, key_padding_to_attention, window_mask
+from aiayn.masks import cache_window_mask, check_padding_mask, key_padding_to_attention
 from aiayn.nn.norms import layer_norm
 from aiayn.nn.relative_bias import RelativePositionBias
 from aiayn.nn.rotary import RotaryEmbedding, Rotation
@@ -373,10 +373,7 @@ class Decoder(nn.Module):
             keys = torch.arange(start + length, device=x.device)  # (S,)
         else:  # the position of each key the sliding layers' caches return, (S,)
             keys = cache.self_attention[self.sliding.index(True)].key_slots(start, length)
-        window = window_mask(slots, keys, self.window) & (keys >= 0)  # (T, S): < 0 is empty
-        if self_mask is None:
-            return window
-        return self_mask.index_select(-1, keys.clamp(min=0)) & window  # (B, 1, T, S)
+        return cache_window_mask(slots, keys, self.window, self_mask)  # (T, S) or (B, 1, T, S)
 
     @staticmethod
     def _rotation(rotary: RotaryEmbedding | None, x: Tensor, start: int | Tensor,

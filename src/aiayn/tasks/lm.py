@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
+from aiayn.data.chunked_encoding import EncodeBatch
 from aiayn.data.text import (VALID_FRACTION, CharVocabulary, check_length, contiguous_blocks,
                              random_blocks, token_slice)
-from aiayn.data.chunked_encoding import EncodeBatch
 from aiayn.data.token_files import TokenFiles, tokenizer_fingerprint
 from aiayn.models import CausalLM
 from aiayn.models.modes import evaluating
