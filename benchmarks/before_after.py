@@ -15,7 +15,10 @@ Jobs (shapes of benchmarks/run_all.py):
 - beam: ``beam_search`` (4 beams) of 4 sources of 32 tokens, encoder-decoder d256 3+3 V8192;
 - encoder / encoder-padded: an inference forward, all-MiniLM-L6 shapes (d384 L6), batch 32 x 128;
 - lm-train: a training step (loss, backward, fused Adam) of the LM above at batch 8 x 256;
-- seq2seq-train: a training step of the encoder-decoder above at batch 16, 64 + 64 tokens.
+- seq2seq-train: a training step of the encoder-decoder above at batch 16, 64 + 64 tokens;
+- window-long: ``generate`` of 512 tokens after a prompt of 4,096, a Mistral-style decoder (RoPE,
+  RMSNorm, SwiGLU, 8 query / 2 key-value heads) d256 L4 V8192 with a sliding window of 256 on
+  every layer (not in the default set: its checkouts need ``sliding_window``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import time
 from pathlib import Path
 
 JOBS = ("greedy1", "greedy8", "beam", "encoder", "encoder-padded", "lm-train", "seq2seq-train")
+ON_REQUEST = ("window-long",)
 DECODING = ("greedy1", "greedy8", "beam")
 HERE = Path(__file__).resolve()
 
@@ -42,6 +46,10 @@ def _config(job: str):
                                  n_encoder_layers=0, n_decoder_layers=4, max_length=512,
                                  dropout=0.0, activation="gelu_tanh", norm_first=True,
                                  positions="learned", scale_embeddings=False, init_std=0.02)
+    if job == "window-long":
+        return TransformerConfig.preset("llama-char", vocab_size=8192, d_model=256, n_heads=8,
+                                        n_kv_heads=2, d_ff=768, n_decoder_layers=4,
+                                        max_length=8192, sliding_window=256)
     if job in ("beam", "seq2seq-train"):
         return TransformerConfig(vocab_size=8192, d_model=256, n_heads=4, d_ff=1024,
                                  n_encoder_layers=3, n_decoder_layers=3, max_length=512,
@@ -78,6 +86,13 @@ def _job(job: str, compiled: bool):
             return lambda: engine.generate(prompt, max_new_tokens=256, greedy=True)
         generate = _generate()
         return lambda: generate(model, prompt, max_new_tokens=256, greedy=True)
+    if job == "window-long":
+        from aiayn import CausalLM
+
+        model = CausalLM(config).eval()
+        prompt = torch.randint(3, 8192, (1, 4096))
+        generate = _generate()
+        return lambda: generate(model, prompt, max_new_tokens=512, greedy=True)
     if job == "beam":
         from aiayn import Transformer
         from aiayn.decoding.beam import beam_search
@@ -164,11 +179,11 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", help="the old checkout's src directory")
     parser.add_argument("--after", default=str(HERE.parent.parent / "src"))
-    parser.add_argument("--jobs", nargs="+", choices=JOBS, default=list(JOBS))
+    parser.add_argument("--jobs", nargs="+", choices=JOBS + ON_REQUEST, default=list(JOBS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=3, help="timed calls per measurement")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--worker", choices=JOBS, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=JOBS + ON_REQUEST, help=argparse.SUPPRESS)
     parser.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
