@@ -165,7 +165,7 @@ class SlidingKVCache(KVCache):
             self.values.narrow(2, start % ring, 1).copy_(values)
             filled = min(end, ring)
             return self.keys.narrow(2, 0, filled), self.values.narrow(2, 0, filled)
-        first = max(0, start - (self.window - 1))  # the earliest position a new query reads
+        first = self._first_read(start)
         if first < start:  # read before storing: the new keys may overwrite these slots
             held = torch.arange(first, start, device=keys.device) % ring  # (start - first,)
             attend_keys = torch.cat([self.keys.index_select(2, held), keys], dim=2)
@@ -187,7 +187,12 @@ class SlidingKVCache(KVCache):
             return start - (start - slot) % ring  # (W,); < 0 where nothing is written yet
         if length == 1:
             return torch.arange(start + 1, device=device)  # the ring has not wrapped
-        return torch.arange(max(0, start - (self.window - 1)), start + length, device=device)
+        return torch.arange(self._first_read(start), start + length, device=device)
+
+    def _first_read(self, start: int) -> int:
+        """The earliest position a run of new queries from ``start`` reads (its first query's
+        window), where ``write`` starts what it returns."""
+        return max(0, start - (self.window - 1))
 
     def can_rewind(self, keep: int, length: int) -> bool:
         """Going back to positions 0 .. keep - 1 needs keep - W + 1 .. keep - 1 still held: true
