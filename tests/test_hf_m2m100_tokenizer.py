@@ -95,10 +95,11 @@ def test_ids_and_texts_match_m2m100_tokenizer(layout, spm_files, tmp_path):
         assert [ids + [EOS] for ids in ours.encode(TEXTS)] == want
         assert ours.tokenizer.tokens(TEXTS[1], add_special_tokens=False) == \
             theirs.convert_ids_to_tokens(want[1][1:-1])
-        assert ours.target_prefix == [theirs.get_lang_id(tgt)] == [size + codes.index(f"__{tgt}__")]
+        forced = list(ours.language_ids.forced)
+        assert forced == [theirs.get_lang_id(tgt)] == [size + codes.index(f"__{tgt}__")]
         assert ours.decode(want) == theirs.batch_decode(want, skip_special_tokens=True)
         made_up = list(range(size + len(codes), size + len(codes) + MADEUP))
-        rows = [[5, size, size + 3, 7, 3, 2, 1, 0, 9], made_up + [40, 41], ours.target_prefix]
+        rows = [[5, size, size + 3, 7, 3, 2, 1, 0, 9], made_up + [40, 41], forced]
         assert ours.decode(rows) == theirs.batch_decode(rows, skip_special_tokens=True)
     assert ours.vocab_size == size + len(codes)
 
@@ -278,5 +279,5 @@ def test_fine_tuning_pairs_are_m2m100_tokenizer_text_targets(m2m100_dir, tmp_pat
                  "--valid-bleu-sentences", "1"]) == 0
     run = load_model_dir(out, task="translation")
     assert run.assets.languages == {"src_lang": "en", "tgt_lang": "fr"}
-    assert run.assets.target_prefix == [theirs.get_lang_id("fr")]
+    assert list(run.assets.language_ids.forced) == [theirs.get_lang_id("fr")]
     assert run.assets.encode(["the cat"]) == [theirs("the cat")["input_ids"][:-1]]

@@ -252,9 +252,9 @@ def test_source_format_matches_nllb_tokenizer(tmp_path):
         theirs = transformers.AutoTokenizer.from_pretrained(directory, src_lang=code)
         ours.set_languages(code, codes[1], model_type="m2m_100")
         assert [ids + [EOS] for ids in ours.encode(texts)] == theirs(texts)["input_ids"]
-        assert ours.target_prefix == [theirs.convert_tokens_to_ids(codes[1])]
+        assert list(ours.language_ids.forced) == [theirs.convert_tokens_to_ids(codes[1])]
     assert ours.decode([[codes_id] + ids for codes_id, ids in
-                        zip(ours.target_prefix * 3, ours.encode(texts))]) == \
+                        zip(ours.language_ids.forced * 3, ours.encode(texts))]) == \
         theirs.batch_decode(theirs(texts)["input_ids"], skip_special_tokens=True)
 
 
@@ -278,7 +278,7 @@ def test_source_format_of_mbart50(tmp_path):
     texts = ["the cat sat", "le chat"]
     assert ours.encode(texts) == [[raw.token_to_id("fr_XX")] + raw.encode(
         text, add_special_tokens=False).ids for text in texts]
-    assert ours.target_prefix == [raw.token_to_id("de_DE")]
+    assert list(ours.language_ids.forced) == [raw.token_to_id("de_DE")]
     with pytest.raises(ValueError, match=r"'fr' is not a language code of this mBART-50 "
                                          r"tokenizer; it has en_XX, fr_XX, de_DE"):
         ours.set_languages("fr", "de_DE", model_type="mbart")
@@ -359,14 +359,14 @@ def test_language_code_errors(nllb_dir, args, message, monkeypatch, capsys):
 
 def test_codes_for_a_checkpoint_without_them_are_refused(tmp_path):
     """A Marian / BART tokenizer has no language codes: --src-lang is an error, not ignored."""
-    from aiayn.interop.hf_languages import language_codes, language_ids
+    from aiayn.interop.hf_languages import LanguageIds, language_codes, language_ids
 
     directory = tmp_path / "plain"
     directory.mkdir()
     (directory / "tokenizer_config.json").write_text('{"tokenizer_class": "BartTokenizer"}')
     with pytest.raises(ValueError, match=r"--src-lang apply to multilingual checkpoints"):
         language_ids(language_codes(directory), None, "en_XX", None)
-    assert language_ids(language_codes(directory), None, None, None) == ([], [])
+    assert language_ids(language_codes(directory), None, None, None) == LanguageIds()
 
 
 # --- save_pretrained -------------------------------------------------------------------------

@@ -48,12 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "are ignored, --set applies)")
     group.add_argument("--src-lang", default=None, metavar="CODE",
                        help="with --init of a multilingual checkpoint: the data's source language "
-                            "code (NLLB eng_Latn, M2M100 en, mBART-50 en_XX), put before each "
-                            "source; the run keeps it")
+                            "code (NLLB eng_Latn, M2M100 en, mBART en_XX), put in each source "
+                            "where the checkpoint's tokenizer puts it; the run keeps it")
     group.add_argument("--tgt-lang", default=None, metavar="CODE",
                        help="with --init of a multilingual checkpoint: the data's target language "
                             "code, the first token of each target (transformers' text_target "
-                            "labels) and forced first when the run translates")
+                            "labels) and forced first when the run translates; mBART's own "
+                            "tokenizer: the decoder's start symbol")
     # The default preset trains in minutes on a laptop CPU; see docs/translation.md.
     parser.set_defaults(preset=DEFAULT_PRESET, warmup=400, lr_factor=0.5, clip_norm=1.0,
                         best_metric="bleu", best_mode="max", log_every=20,
@@ -91,7 +92,7 @@ def make_task(args: argparse.Namespace):
         set_language_pair(pretrained.tokenizer, args.init, args.src_lang, args.tgt_lang)
     elif args.src_lang is not None or args.tgt_lang is not None:
         raise ValueError("--src-lang / --tgt-lang need --init: a multilingual checkpoint (NLLB, "
-                         "M2M100, mBART-50) or a run fine-tuned from one")
+                         "M2M100, mBART-50, mBART) or a run fine-tuned from one")
     args.lr_scales = embedding_lr_scales(args, pretrained.config if pretrained else None)
     return TranslationTask(args.data, run_dir=args.out, vocab_size=args.vocab_size,
                            max_tokens=args.max_tokens, max_length=args.max_length,

@@ -39,11 +39,13 @@ def add_language_arguments(parser: argparse.ArgumentParser) -> None:
     """``--src-lang`` / ``--tgt-lang``: the language pair of a multilingual checkpoint."""
     parser.add_argument("--src-lang", default=None, metavar="CODE",
                         help="source language code of a multilingual checkpoint (NLLB eng_Latn, "
-                             "M2M100 en, mBART-50 en_XX): put before each source; a run "
-                             "fine-tuned from one defaults to the pair it trained on")
+                             "M2M100 en, mBART en_XX): put in each source where its tokenizer "
+                             "puts it; a run fine-tuned from one defaults to the pair it trained "
+                             "on")
     parser.add_argument("--tgt-lang", default=None, metavar="CODE",
                         help="target language code of a multilingual checkpoint: forced as the "
-                             "first generated token (transformers' forced_bos_token_id)")
+                             "first generated token (transformers' forced_bos_token_id), or the "
+                             "decoder's start symbol for mBART's own tokenizer")
 
 
 def run(args: argparse.Namespace) -> int:

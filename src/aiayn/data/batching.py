@@ -71,16 +71,17 @@ def token_batches(source_lengths: Sequence[int], target_lengths: Sequence[int], 
 
 
 def collate(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]] | None,
-            indices: Sequence[int], *, pad_id: int, bos_id: int, eos_id: int
-            ) -> TranslationBatch:
-    """Pad one batch: source + </s>; decoder input <s> + target; targets target + </s>."""
+            indices: Sequence[int], *, pad_id: int, bos_id: int, eos_id: int,
+            source_suffix: Sequence[int] = ()) -> TranslationBatch:
+    """Pad one batch: source + </s> (+ ``source_suffix``: mBART's source language code); decoder
+    input <s> + target; targets target + </s>."""
     batch = len(sources)
-    source_length = max(len(s) for s in sources) + 1
+    end = [eos_id, *source_suffix]
+    source_length = max(len(s) for s in sources) + len(end)
     source = torch.full((batch, source_length), pad_id, dtype=torch.long)  # (B, S)
     for row, ids in enumerate(sources):
-        source[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-        source[row, len(ids)] = eos_id
-    source_tokens = sum(len(s) + 1 for s in sources)
+        source[row, :len(ids) + len(end)] = torch.tensor([*ids, *end], dtype=torch.long)
+    source_tokens = sum(len(s) + len(end) for s in sources)
     if targets is None:
         empty = torch.empty((batch, 0), dtype=torch.long)
         return TranslationBatch(source, empty, empty, 0, source_tokens,
@@ -101,10 +102,13 @@ def collate(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]] |
 
 def pair_batches(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], *,
                  max_tokens: int, shuffle: bool, seed: int, pad_id: int, bos_id: int, eos_id: int,
-                 device: torch.device | str = "cpu") -> Iterator[TranslationBatch]:
+                 device: torch.device | str = "cpu", source_suffix: Sequence[int] = ()
+                 ) -> Iterator[TranslationBatch]:
     """Source/target id pairs as padded ``TranslationBatch``es of about ``max_tokens`` tokens a side
     (``token_batches`` over the lengths with their </s>, then ``collate``), on ``device``."""
-    for indices in token_batches([len(s) + 1 for s in sources], [len(t) + 1 for t in targets],
+    end = 1 + len(source_suffix)
+    for indices in token_batches([len(s) + end for s in sources], [len(t) + 1 for t in targets],
                                  max_tokens=max_tokens, shuffle=shuffle, seed=seed):
         yield collate([sources[i] for i in indices], [targets[i] for i in indices], indices,
-                      pad_id=pad_id, bos_id=bos_id, eos_id=eos_id).to(device)
+                      pad_id=pad_id, bos_id=bos_id, eos_id=eos_id,
+                      source_suffix=source_suffix).to(device)

@@ -95,7 +95,7 @@ def sentence_done(finished: list[Hypothesis], limit: int, position: int, best_li
 @torch.no_grad()
 def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_size: int = 4,
                 alpha: float = 0.6, max_extra: int = 50, step: DecoderStep = decoder_step,
-                forced: Sequence[int] = ()) -> list[Hypothesis]:
+                forced: Sequence[int] = (), start: int | None = None) -> list[Hypothesis]:
     """The best hypothesis of a beam search for each sentence.
 
     Args:
@@ -109,9 +109,11 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
         forced: tokens every hypothesis starts with after the start symbol (``greedy_search``'s):
             scored 0, counted in the length (as transformers counts its forced BOS token), left out
             of the hypotheses.
+        start: the decoder's start symbol in place of the model's (``greedy_search``'s).
 
     Raises:
-        ValueError: beam_size < 1 or larger than the vocabulary allows, alpha < 0.
+        ValueError: beam_size < 1 or larger than the vocabulary allows, alpha < 0; ``start`` or
+            a forced token is not an id of the vocabulary.
     """
     config = model.config
     check_beam_options(beam_size, alpha, config.vocab_size)
@@ -133,9 +135,9 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
     scores = torch.full((batch, K), -torch.inf, device=device)  # (B, K) summed log-probabilities
     scores[:, 0] = 0.0
     history = torch.empty((batch * K, 0), dtype=torch.long, device=device)  # (B*K, t)
-    tokens = first_tokens(model, batch * K, forced, device)  # (B*K, 1 + F)
+    tokens = first_tokens(model, batch * K, forced, device, start)  # (B*K, 1 + F)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    blocked = blocked_tokens(model)
+    blocked = blocked_tokens(model, start)
     first = True
     for position in range(len(forced), steps):  # position: of the output token chosen
         n = len(alive)

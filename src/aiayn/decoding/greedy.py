@@ -43,12 +43,24 @@ def output_limits(source_mask: Tensor, *, max_extra: int, model_max_length: int 
     return limits if model_max_length is None else limits.clamp(max=model_max_length)
 
 
-def first_tokens(model: nn.Module, rows: int, forced: Sequence[int], device) -> Tensor:
-    """The decoder's first input (rows, 1 + F): the start symbol, then the ``forced`` tokens (a
-    target language code). A forced token is generated with log-probability 0, as transformers'
-    ``ForcedBOSTokenLogitsProcessor`` scores it, and counts towards the output length."""
-    start = [model.config.decoder_start_id, *(int(token) for token in forced)]
-    return torch.tensor(start, dtype=torch.long, device=device).repeat(rows, 1)  # (rows, 1 + F)
+def first_tokens(model: nn.Module, rows: int, forced: Sequence[int], device,
+                 start: int | None = None) -> Tensor:
+    """The decoder's first input (rows, 1 + F): the start symbol (``start``, else the model's
+    ``decoder_start_id``), then the ``forced`` tokens (a target language code). A forced token is
+    generated with log-probability 0, as transformers' ``ForcedBOSTokenLogitsProcessor`` scores
+    it, and counts towards the output length.
+
+    Raises:
+        ValueError: ``start`` or a forced token is not an id of the model's vocabulary.
+    """
+    first = [model.config.decoder_start_id if start is None else start, *forced]
+    vocab = model.config.vocab_size
+    for name, token in zip(("start", *["forced"] * len(forced)), first):
+        if isinstance(token, (bool, float)) or not 0 <= int(token) < vocab:
+            raise ValueError(f"{name} token {token!r} is not an id of the model's vocabulary "
+                             f"(0..{vocab - 1})")
+    return torch.tensor([int(token) for token in first], dtype=torch.long,
+                        device=device).repeat(rows, 1)  # (rows, 1 + F)
 
 
 def cross_attention_mask(source_mask: Tensor) -> Tensor | None:
@@ -57,11 +69,12 @@ def cross_attention_mask(source_mask: Tensor) -> Tensor | None:
     return None if bool(source_mask.all()) else source_mask
 
 
-def blocked_tokens(model: nn.Module) -> list[int]:
-    """Ids that are never generated: padding and the start symbol, unless that is ``</s>`` (BART's
-    decoder starts from ``</s>``, which must still end a hypothesis)."""
+def blocked_tokens(model: nn.Module, start: int | None = None) -> list[int]:
+    """Ids that are never generated: padding and the start symbol (the model's, and ``start`` where
+    a search is given one), unless that is ``</s>`` (BART's decoder starts from ``</s>``, which must
+    still end a hypothesis)."""
     config = model.config
-    return sorted({config.pad_id, config.decoder_start_id} - {config.eos_id})
+    return sorted({config.pad_id, config.decoder_start_id, start} - {config.eos_id, None})
 
 
 DecoderStep = Callable[[nn.Module, Tensor, "Tensor | None", DecoderCache], Tensor]
@@ -78,7 +91,7 @@ def decoder_step(model: nn.Module, tokens: Tensor, memory_padding_mask: Tensor |
 @torch.no_grad()
 def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
                   max_extra: int = 50, step: DecoderStep = decoder_step,
-                  forced: Sequence[int] = ()) -> list[Hypothesis]:
+                  forced: Sequence[int] = (), start: int | None = None) -> list[Hypothesis]:
     """The most likely next token at each step, until </s> or the length limit.
 
     Args:
@@ -90,9 +103,15 @@ def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
         forced: tokens every output starts with after the start symbol, fed to the decoder with it
             (transformers' ``forced_bos_token_id``: NLLB's target language code); they count
             towards the length limit, score 0 and are left out of the hypotheses.
+        start: the decoder's start symbol in place of the model's ``decoder_start_id``
+            (transformers' ``decoder_start_token_id`` given to ``generate``: mBART's target
+            language code); never generated, unless it is </s>.
 
     Returns:
         One hypothesis per sentence, in input order.
+
+    Raises:
+        ValueError: ``start`` or a forced token is not an id of the vocabulary.
     """
     config = model.config
     batch = source.shape[0]
@@ -101,11 +120,11 @@ def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
     steps = int(limits.max())
     memory = model.encode(source, source_mask)  # (B, S, D)
     cache = model.new_cache(batch, steps)
-    tokens = first_tokens(model, batch, forced, source.device)  # (B, 1 + F)
+    tokens = first_tokens(model, batch, forced, source.device, start)  # (B, 1 + F)
     alive = torch.arange(batch, device=source.device)  # original index of each row
     results: list[list[int]] = [[] for _ in range(batch)]
     scores = [0.0] * batch
-    blocked = blocked_tokens(model)
+    blocked = blocked_tokens(model, start)
     mask = cross_attention_mask(source_mask)  # (B, S) or None
     first = True
     for position in range(len(forced), steps):  # position: of the output token chosen

@@ -22,7 +22,8 @@ masked out of every attention, so aiayn's contiguous positions give the same out
 tokens; with a cache, HF counts on from the cached length, as aiayn does.
 
 Generation (``aiayn.interop.hf_languages``): the decoder starts from </s> (decoder_start_token_id 2)
-and the target language code is forced as the first generated token (``forced_bos_token_id``).
+and the target language code is forced as the first generated token (``forced_bos_token_id``);
+mBART's own tokenizer (mbart-large-cc25) starts the decoder from the target code instead.
 
 Legend: D model width, V vocabulary.
 """

@@ -30,26 +30,27 @@ class Seq2SeqTokenizer:
     (the batcher appends it) and texts decoded without special tokens.
 
     Attributes:
-        source_prefix: ids put before every source text instead of the tokenizer's own special
-            tokens (a source language code, ``set_languages``); empty: the tokenizer's template.
-        target_prefix: ids every translation starts with, forced after the decoder's start
-            symbol (a target language code: transformers' ``forced_bos_token_id``). Training
-            targets start with it too, as transformers' ``text_target`` labels do.
+        language_ids: where the codes of the language pair ``set_languages`` was given go
+            (``aiayn.interop.hf_languages.LanguageIds``: a source prefix, a suffix after the
+            source's </s>, the decoder's start symbol, tokens forced first); all empty when unset.
+            ``translate_ids`` and the translation task's batches take them
+            (``aiayn.tasks.translate.language_options``).
         languages: the codes ``set_languages`` was given, as a run saves them ({} when unset).
     """
 
     def __init__(self, tokenizer, directory: Path, *, eos_id: int, model_type: str | None = None):
+        from aiayn.interop.hf_languages import LanguageIds
+
         self.tokenizer, self.directory, self.eos_id = tokenizer, Path(directory), eos_id
-        self.model_type = model_type  # config.json's; marks an M2M100 tokenizer without a class
+        self.model_type = model_type  # config.json's; marks an M2M100 / mBART tokenizer's family
         self.vocab_size = tokenizer.vocab_size
-        self.source_prefix: list[int] = []
-        self.target_prefix: list[int] = []
+        self.language_ids = LanguageIds()
         self.languages: dict[str, str] = {}
 
     def set_languages(self, src_lang: str | None, tgt_lang: str | None, *,
                       model_type: str | None = None) -> None:
         """Translate from ``src_lang`` to ``tgt_lang`` (codes of a multilingual tokenizer: NLLB's
-        ``eng_Latn``, M2M100's ``en``, mBART-50's ``en_XX``; see ``aiayn.interop.hf_languages``).
+        ``eng_Latn``, M2M100's ``en``, mBART's ``en_XX``; see ``aiayn.interop.hf_languages``).
         Called with None, None it checks that the checkpoint needs no codes.
 
         Raises:
@@ -60,27 +61,31 @@ class Seq2SeqTokenizer:
 
         self.model_type = model_type or self.model_type
         languages = language_codes(self.directory, model_type=self.model_type)
-        self.source_prefix, self.target_prefix = language_ids(languages, self.tokenizer,
-                                                              src_lang, tgt_lang)
-        self.languages = ({"src_lang": src_lang, "tgt_lang": tgt_lang} if self.target_prefix
-                          else {})
+        self.language_ids = language_ids(languages, self.tokenizer, src_lang, tgt_lang)
+        self.languages = ({"src_lang": src_lang, "tgt_lang": tgt_lang}
+                          if languages.family is not None else {})
 
     def _strip(self, ids: list[int]) -> list[int]:
         return ids[:-1] if ids and ids[-1] == self.eos_id else ids
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        if self.source_prefix:
-            return [self.source_prefix + self.tokenizer.encode(text, add_special_tokens=False)
+        """Source ids before their </s>: with a language pair set, the source prefix (if any) and
+        the tokens (the batcher adds </s> and the source suffix); else the tokenizer's template
+        without its final </s>."""
+        if self.languages:
+            prefix = list(self.language_ids.source_prefix)
+            return [prefix + self.tokenizer.encode(text, add_special_tokens=False)
                     for text in texts]
         return [self._strip(self.tokenizer.encode(text)) for text in texts]
 
     def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
         """Target-side ids, what the decoder reads after its start symbol and learns to write
-        before </s>: ``[tgt_lang] tokens`` with a language pair set (transformers'
-        ``text_target`` labels without their </s>), Marian's target SentencePiece model's ids, or
-        as ``encode``."""
-        if self.target_prefix:
-            return [self.target_prefix + self.tokenizer.encode(text, add_special_tokens=False)
+        before </s>: with a language pair set, ``[tgt_lang] tokens`` (transformers' ``text_target``
+        labels without their </s>) where the code is forced, the tokens where it is the start
+        symbol (mBART); Marian's target SentencePiece model's ids; or as ``encode``."""
+        if self.languages:
+            forced = list(self.language_ids.forced)
+            return [forced + self.tokenizer.encode(text, add_special_tokens=False)
                     for text in texts]
         if hasattr(self.tokenizer, "models"):
             return [self._strip(self.tokenizer.encode(text, target=True)) for text in texts]
@@ -173,8 +178,8 @@ def set_language_pair(assets: Any, path: Path, src_lang: str | None, tgt_lang: s
         assets.set_languages(src_lang or saved.get("src_lang"), tgt_lang or saved.get("tgt_lang"))
     elif src_lang is not None or tgt_lang is not None:
         raise ValueError(f"{path}: --src-lang / --tgt-lang apply to multilingual Hugging Face "
-                         f"checkpoints (NLLB, M2M100, mBART-50) and runs fine-tuned from them, "
-                         f"not to a run with aiayn's own tokenizer")
+                         f"checkpoints (NLLB, M2M100, mBART-50, mBART) and runs fine-tuned from "
+                         f"them, not to a run with aiayn's own tokenizer")
 
 
 def load_model_dir(path: str | Path, *, task: str | None = None, model_task: str | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,14 +22,27 @@ if TYPE_CHECKING:
     from aiayn.fast import InferenceEngine
 
 
+def language_options(tokenizer) -> dict[str, Any]:
+    """The ``translate_ids`` options of a checkpoint's tokenizer set to a language pair
+    (``Seq2SeqTokenizer.language_ids``): {} for any other tokenizer."""
+    pair = getattr(tokenizer, "language_ids", None)
+    if pair is None:
+        return {}
+    return {"forced": pair.forced, "start": pair.decoder_start,
+            "source_suffix": pair.source_suffix}
+
+
 def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_size: int = 4,
                   alpha: float = 0.6, max_tokens: int = 4000, max_extra: int = 50,
-                  engine: "InferenceEngine | None" = None, forced: Sequence[int] = ()
+                  engine: "InferenceEngine | None" = None, forced: Sequence[int] = (),
+                  start: int | None = None, source_suffix: Sequence[int] = ()
                   ) -> list[list[int]]:
     """Output ids (no </s>) for source id sequences (no </s>), in input order; ``engine`` (an
     ``aiayn.fast.InferenceEngine`` prepared for ``model``) runs the searches, else the plain
-    ``greedy_search`` / ``beam_search``. ``forced``: ids every output starts with (a target
-    language code), left out of the outputs."""
+    ``greedy_search`` / ``beam_search``. A language pair's codes (``language_options``):
+    ``forced``, ids every output starts with (a target language code), left out of the outputs;
+    ``start``, the decoder's start symbol in place of the model's (mBART's target code);
+    ``source_suffix``, ids after each source's </s> (mBART's source code)."""
     if engine is None:
         greedy, beam = partial(greedy_search, model), partial(beam_search, model)
     elif engine.model is not model:
@@ -39,18 +52,22 @@ def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_si
     config = model.config
     device = next(model.parameters()).device
     outputs: list[list[int]] = [[] for _ in sources]
-    # Longest source the position table allows (it also holds </s>); no table (T5): any length.
+    # Longest source the position table allows (it also holds </s> and any source suffix); no
+    # table (T5): any length.
     limit = config.position_limit
-    sources = [list(ids if limit is None else ids[:limit - 2]) for ids in sources]
-    lengths = [len(ids) + 1 for ids in sources]
+    sources = [list(ids if limit is None else ids[:limit - 2 - len(source_suffix)])
+               for ids in sources]
+    lengths = [len(ids) + 1 + len(source_suffix) for ids in sources]
     # Beam search holds K rows per sentence: size batches by the beam.
     budget = max(max_tokens // max(beam_size, 1), 1)
     for indices in token_batches(lengths, lengths, max_tokens=budget, shuffle=False):
         batch = collate([sources[i] for i in indices], None, indices, pad_id=config.pad_id,
-                        bos_id=config.bos_id, eos_id=config.eos_id)
+                        bos_id=config.bos_id, eos_id=config.eos_id, source_suffix=source_suffix)
         source = batch.source.to(device)
         mask = source != config.pad_id
         options = {"forced": list(forced)} if forced else {}
+        if start is not None:
+            options["start"] = start
         if beam_size == 1:
             hypotheses = greedy(source, mask, max_extra=max_extra, **options)
         else:
@@ -65,8 +82,8 @@ def translate_texts(model: nn.Module, tokenizer: SubwordTokenizer, texts: Sequen
                     beam_size: int = 4, alpha: float = 0.6, max_tokens: int = 4000,
                     engine: "InferenceEngine | None" = None) -> list[str]:
     """Detokenized translations of ``texts`` (empty text -> empty translation). A checkpoint's
-    tokenizer set to a language pair (``Seq2SeqTokenizer.set_languages``) puts the source code in
-    each source and forces the target code first in each translation."""
+    tokenizer set to a language pair (``Seq2SeqTokenizer.set_languages``) puts the codes where the
+    checkpoint's format has them (``language_options``)."""
     outputs = [""] * len(texts)
     keep = [i for i, text in enumerate(texts) if text.strip()]
     if not keep:
@@ -76,7 +93,7 @@ def translate_texts(model: nn.Module, tokenizer: SubwordTokenizer, texts: Sequen
     with torch.inference_mode():
         hypotheses = translate_ids(model, ids, beam_size=beam_size, alpha=alpha,
                                    max_tokens=max_tokens, engine=engine,
-                                   forced=getattr(tokenizer, "target_prefix", ()))
+                                   **language_options(tokenizer))
     for i, text in zip(keep, tokenizer.decode(hypotheses)):
         outputs[i] = text
     return outputs

@@ -70,13 +70,16 @@ def check_pair_options(*, max_tokens: int, max_length: int, label_smoothing: flo
 class PairBatches:
     """Training and validation batches, token count and loss of a task whose examples are id pairs
     (``train_source``/``train_target``, ``valid_source``/``valid_target``) with ``pad_id``,
-    ``start_id`` and ``eos_id``: the translation task, and text-to-text."""
+    ``start_id`` and ``eos_id`` (and ``source_suffix``, ids after each source's </s>): the
+    translation task, and text-to-text."""
+
+    source_suffix: tuple[int, ...] = ()
 
     def _batches(self, sources, targets, *, shuffle: bool, seed: int
                  ) -> Iterator[TranslationBatch]:
         return pair_batches(sources, targets, max_tokens=self.max_tokens, shuffle=shuffle, seed=seed,
                             pad_id=self.pad_id, bos_id=self.start_id, eos_id=self.eos_id,
-                            device=self.device)
+                            device=self.device, source_suffix=self.source_suffix)
 
     def train_batches(self, epoch: int) -> Iterator[TranslationBatch]:
         return self._batches(self.train_source, self.train_target, shuffle=True,
@@ -87,7 +90,8 @@ class PairBatches:
         position table) only the pairs whose sides fit it with their </s> or <s>."""
         pairs = list(zip(self.valid_source, self.valid_target))
         if max_length is not None:
-            pairs = [(s, t) for s, t in pairs if max(len(s), len(t)) < max_length]
+            pairs = [(s, t) for s, t in pairs
+                     if max(len(s) + len(self.source_suffix), len(t)) < max_length]
         sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
         return self._batches(sources, targets, shuffle=False, seed=0)
 
@@ -158,9 +162,14 @@ class TranslationTask(PairBatches):
             config = pretrained.config
             self.tokenizer = pretrained.tokenizer
             self.pad_id, self.eos_id = config.pad_id, config.eos_id
+            pair = getattr(self.tokenizer, "language_ids", None)  # a language pair's codes
             self.start_id = config.decoder_start_id
-            if config.position_limit is not None:  # room for </s> in the table
-                max_length = min(max_length, config.position_limit - 1)
+            if pair is not None:
+                self.source_suffix = pair.source_suffix
+                if pair.decoder_start is not None:  # mBART: the decoder starts from [tgt_lang]
+                    self.start_id = pair.decoder_start
+            if config.position_limit is not None:  # room for </s> (and a suffix) in the table
+                max_length = min(max_length, config.position_limit - 1 - len(self.source_suffix))
         elif saved is not None and saved.is_file() and (saved.parent / "checkpoints").is_dir():
             self.tokenizer = SubwordTokenizer.load(saved)  # resuming: the same ids
         else:
@@ -215,14 +224,14 @@ class TranslationTask(PairBatches):
         return {"loss", "ppl"} | ({"bleu", "chrf"} if self.valid_bleu_sentences else set())
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        from aiayn.tasks.translate import score_translations, translate_ids
+        from aiayn.tasks.translate import language_options, score_translations, translate_ids
 
         metrics = self.valid_loss(model)
         count = min(self.valid_bleu_sentences, len(self.valid_pairs))
         if count:
             outputs = translate_ids(model, self.tokenizer.encode(
                 [p.source for p in self.valid_pairs[:count]]), beam_size=1,
-                forced=getattr(self.tokenizer, "target_prefix", ()))
+                **language_options(self.tokenizer))
             hypotheses = self.tokenizer.decode(outputs)
             metrics.update(score_translations(hypotheses,
                                               [p.target for p in self.valid_pairs[:count]]))

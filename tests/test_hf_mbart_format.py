@@ -1,0 +1,350 @@
+"""The language formats where a code goes after the source's </s>: mBART's own tokenizer
+(mbart-large-cc25, mbart-large-en-ro: ``tokens </s> [src]``, the decoder starting from ``[tgt]``)
+and NLLB's legacy format (``tokens </s> [src]``, the target code forced). Built from a small
+tokenizer.json with transformers' ``MBartTokenizer`` / ``NllbTokenizerFast`` and a random
+``MBartForConditionalGeneration``, against transformers: the ids, ``generate`` with
+``decoder_start_token_id``, fine-tuning batches and loss, and a fine-tuned run's translations."""
+
+import io
+import json
+import re
+import sys
+
+import pytest
+import torch
+
+import aiayn
+from aiayn.cli import main
+from aiayn.data.batching import collate
+from aiayn.training.run import load_run
+from hf_helpers import randomise
+from test_checkpoint_finetuning import FAST, export, run_cli
+from test_hf_multilingual import (CODES, COMMON, CORPUS, EOS, PAD, _tokenizer_json, build_nllb)
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LINES = ["the cat sat on the mat", "a dog", "le chat est sur le tapis"]
+PAIRS = [("the cat sat on the mat", "le chat est sur le tapis"),
+         ("a dog and a cat", "un chien et un chat"),
+         ("the mat", "le tapis"), ("a cat sat", "un chat"), ("the dog", "le chien")] * 8
+
+
+def _mbart_codes():
+    from transformers.models.mbart.tokenization_mbart import FAIRSEQ_LANGUAGE_CODES
+
+    return list(FAIRSEQ_LANGUAGE_CODES)
+
+
+def build_mbart(directory, scratch):
+    """A small mbart-large-cc25-like checkpoint: transformers' ``MBartTokenizer`` files over a
+    Unigram tokenizer.json with mBART's 25 codes, and a random mBART whose config starts the
+    decoder from </s> (cc25's; ``generate`` is given the target code as decoder start)."""
+    _tokenizer_json(scratch / "tokenizer.json", _mbart_codes(), unigram=True)
+    # transformers 4's MBartTokenizer is the SentencePiece one; its Fast one reads tokenizer.json
+    fast = getattr(transformers, "MBartTokenizerFast", transformers.MBartTokenizer)
+    tokenizer = fast(tokenizer_file=str(scratch / "tokenizer.json"), src_lang="en_XX",
+                     tgt_lang="ro_RO")
+    tokenizer.save_pretrained(directory)
+    hf = transformers.MBartForConditionalGeneration(transformers.MBartConfig(
+        scale_embedding=True, decoder_start_token_id=EOS, vocab_size=len(tokenizer),
+        tie_word_embeddings=False, **COMMON)).eval()
+    randomise(hf, std=0.1)
+    _end_early(hf, tokenizer)
+    hf.save_pretrained(directory)
+    return directory
+
+
+def _end_early(hf, tokenizer) -> None:
+    """Random models repeat a few tokens and never end: give </s> the output row of the token that
+    first appears at the most different steps of the corpus's greedy outputs (and a little more
+    bias), so translations end at different lengths."""
+    ids = tokenizer(CORPUS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        rows = hf.generate(**ids, num_beams=1, do_sample=False, max_new_tokens=12,
+                           bad_words_ids=[[PAD]],
+                           decoder_start_token_id=tokenizer.convert_tokens_to_ids("ro_RO"))
+        rows = [row[1:].tolist() for row in rows]
+
+        def first_steps(token):
+            return {row.index(token) if token in row else len(row) for row in rows}
+
+        chosen = max(sorted({t for row in rows for t in row} - {EOS, PAD}),
+                     key=lambda token: len(first_steps(token)))
+        hf.lm_head.weight[EOS] = hf.lm_head.weight[chosen]
+        hf.final_logits_bias[0, EOS] = hf.final_logits_bias[0, chosen] + 0.01
+
+
+@pytest.fixture(scope="module")
+def mbart_dir(tmp_path_factory):
+    return build_mbart(tmp_path_factory.mktemp("mbart"), tmp_path_factory.mktemp("mbart-scratch"))
+
+
+@pytest.fixture(scope="module")
+def pairs_tsv(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pairs") / "pairs.tsv"
+    path.write_text("".join(f"{en}\t{fr}\n" for en, fr in PAIRS), encoding="utf-8")
+    return path
+
+
+def _ours(directory, src, tgt, model_type="mbart"):
+    from aiayn.interop.hf_tokenizer import load_tokenizer
+    from aiayn.tasks.checkpoints import Seq2SeqTokenizer
+
+    tokenizer = Seq2SeqTokenizer(load_tokenizer(directory), directory, eos_id=EOS,
+                                 model_type=model_type)
+    tokenizer.set_languages(src, tgt)
+    return tokenizer
+
+
+def _sources(tokenizer, texts):
+    """What the batcher feeds the encoder: each source + </s> + the source suffix, unpadded."""
+    pair = tokenizer.language_ids
+    batch = collate(tokenizer.encode(texts), None, range(len(texts)), pad_id=PAD, bos_id=0,
+                    eos_id=EOS, source_suffix=pair.source_suffix)
+    return [row[row != PAD].tolist() for row in batch.source]
+
+
+@pytest.mark.parametrize("src, tgt", [("en_XX", "ro_RO"), ("de_DE", "fr_XX")])
+def test_mbart_source_is_tokens_eos_code_and_the_decoder_starts_from_the_target(mbart_dir, src,
+                                                                                tgt):
+    theirs = transformers.AutoTokenizer.from_pretrained(mbart_dir, src_lang=src, tgt_lang=tgt)
+    assert type(theirs).__name__.startswith("MBartTokenizer")
+    ours = _ours(mbart_dir, src, tgt)
+    assert _sources(ours, LINES) == theirs(LINES)["input_ids"]
+    assert all(ids[-2:] == [EOS, theirs.convert_tokens_to_ids(src)]
+               for ids in theirs(LINES)["input_ids"])
+    pair = ours.language_ids
+    assert (pair.source_prefix, pair.forced) == ((), ())
+    assert pair.decoder_start == theirs.convert_tokens_to_ids(tgt)
+    # targets: the tokens the decoder writes after [tgt] (transformers' labels before </s> [tgt])
+    labels = theirs(text_target=LINES)["input_ids"]
+    assert [ids + [EOS, pair.decoder_start] for ids in ours.encode_targets(LINES)] == labels
+    assert ours.decode(ours.encode_targets(LINES)) == theirs.batch_decode(
+        labels, skip_special_tokens=True)
+
+
+def test_an_mbart_checkpoint_without_a_tokenizer_class_has_mbarts_codes(mbart_dir, tmp_path):
+    """AutoTokenizer gives a ``model_type: mbart`` checkpoint that names no tokenizer class (as on
+    the Hub) ``MBartTokenizer``, whose 25 codes are there whatever the files list."""
+    from aiayn.interop.hf_languages import language_codes
+
+    for path in mbart_dir.iterdir():
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    settings = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    for key in ("tokenizer_class", "extra_special_tokens", "additional_special_tokens"):
+        settings.pop(key, None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    codes = language_codes(tmp_path, model_type="mbart")
+    assert (codes.family, codes.codes) == ("mBART", tuple(_mbart_codes()))
+    assert language_codes(tmp_path, model_type="bart").family is None
+    ours = _ours(tmp_path, "de_DE", "fr_XX")
+    theirs = transformers.AutoTokenizer.from_pretrained(mbart_dir, src_lang="de_DE")
+    assert _sources(ours, LINES) == theirs(LINES)["input_ids"]
+    with pytest.raises(ValueError, match=r"a mBART checkpoint translates between languages: give "
+                                         r"--src-lang and --tgt-lang .*ar_AR, cs_CZ"):
+        ours.set_languages(None, None)
+
+
+def _hf_translations(directory, lines, *, src, tgt, beam, alpha=0.0, ended=None):
+    """transformers' generate with the target code as decoder start, aiayn's limit (the source
+    length + 50 tokens, </s> included), pad and the start symbol never generated. ``ended``: a
+    list that gets, per line, whether its output has tokens and ends with </s> before the limit."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, src_lang=src)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
+    start = tokenizer.convert_tokens_to_ids(tgt)
+    outputs = []
+    for line in lines:
+        ids = torch.tensor([tokenizer(line)["input_ids"]])
+        options = dict(length_penalty=alpha, early_stopping=True) if beam > 1 else {}
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=beam,
+                                 do_sample=False, max_new_tokens=ids.shape[1] + 50,
+                                 decoder_start_token_id=start, forced_eos_token_id=EOS,
+                                 bad_words_ids=[[PAD], [start]], **options)
+        assert out[0, 0] == start
+        if ended is not None:
+            tokens = out[0, 1:].tolist()
+            ended.append(EOS in tokens[1:] and len(tokens) < ids.shape[1] + 50)
+        outputs.append(tokenizer.decode(out[0], skip_special_tokens=True))
+    return outputs
+
+
+def _translate(directory, lines, *args, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("\n".join(lines).encode())))
+    code = main(["translate", str(directory), *args])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return captured.out.splitlines()
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_mbart_translate_prints_what_generate_with_the_decoder_start_prints(
+        mbart_dir, beam, monkeypatch, capsys):
+    """Greedy, and beam 4 with transformers' length penalty L**alpha swapped in at alpha 1
+    (tests/test_hf_beam.py; at alpha 0 every beam of this model ends at once)."""
+    from aiayn.decoding import beam as beam_module
+
+    monkeypatch.setattr(beam_module, "length_penalty", lambda length, alpha: length ** alpha)
+    printed = _translate(mbart_dir, LINES, "--src-lang", "de_DE", "--tgt-lang", "fr_XX",
+                         "--beam", str(beam), "--alpha", "1", monkeypatch=monkeypatch,
+                         capsys=capsys)
+    ended = []
+    want = _hf_translations(mbart_dir, LINES, src="de_DE", tgt="fr_XX", beam=beam, alpha=1.0,
+                            ended=ended)
+    assert printed == want
+    assert any(ended)  # an output of some tokens that ends before the limit
+
+
+def test_searches_start_from_the_given_symbol(mbart_dir):
+    """``start`` replaces the model's decoder start: greedy equals a search whose model starts
+    there; a start outside the vocabulary is refused before any work."""
+    from aiayn.decoding.beam import beam_search
+    from aiayn.decoding.greedy import first_tokens, greedy_search
+
+    model = aiayn.from_pretrained(mbart_dir).eval()
+    ours = _ours(mbart_dir, "en_XX", "ro_RO")
+    source = collate(ours.encode(LINES), None, range(3), pad_id=PAD, bos_id=0, eos_id=EOS,
+                     source_suffix=ours.language_ids.source_suffix).source
+    mask = source != PAD
+    start = ours.language_ids.decoder_start
+    given = greedy_search(model, source, mask, start=start, max_extra=5)
+    beam_given = beam_search(model, source, mask, start=start, beam_size=3, max_extra=5)
+    model.config.decoder_start_id = start
+    assert [h.tokens for h in given] == [h.tokens for h in greedy_search(model, source, mask,
+                                                                          max_extra=5)]
+    assert [h.tokens for h in beam_given] == [h.tokens for h in beam_search(
+        model, source, mask, beam_size=3, max_extra=5)]
+    assert first_tokens(model, 2, [7], "cpu", start=5).tolist() == [[5, 7], [5, 7]]
+    vocab = model.config.vocab_size
+    for bad in (vocab, -1):
+        with pytest.raises(ValueError, match=rf"start token {bad} is not an id of the model's "
+                                             rf"vocabulary \(0\.\.{vocab - 1}\)"):
+            greedy_search(model, source, mask, start=bad)
+    with pytest.raises(ValueError, match=r"forced token 1.5 is not an id"):
+        beam_search(model, source, mask, forced=[1.5])
+
+
+def test_mbart_training_batches_and_loss_are_transformers(mbart_dir, pairs_tsv):
+    """Fine-tuning batches: the source is ``tokens </s> [src]`` (MBartTokenizer's input_ids), the
+    decoder input is mBART's ``shift_tokens_right`` of the labels (``[tgt] tokens </s>``) where a
+    label is scored, and the per-token loss is transformers' on those labels. transformers'
+    labels end with one more token, the target code after </s>, which a translation never
+    reaches: aiayn does not train it."""
+    from transformers.models.mbart.modeling_mbart import shift_tokens_right
+
+    from aiayn.tasks.checkpoints import set_language_pair
+    from aiayn.tasks.pretrained import load_pretrained_model
+    from aiayn.tasks.translation import TranslationTask
+
+    pretrained = load_pretrained_model(mbart_dir, "translation")
+    set_language_pair(pretrained.tokenizer, mbart_dir, "en_XX", "fr_XX")
+    task = TranslationTask([pairs_tsv], pretrained=pretrained, label_smoothing=0.0,
+                           valid_fraction=0.0, test_fraction=0.0, max_tokens=10_000)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(mbart_dir, src_lang="en_XX",
+                                                           tgt_lang="fr_XX")
+    fr = tokenizer.convert_tokens_to_ids("fr_XX")
+    theirs = tokenizer([p[0] for p in PAIRS], text_target=[p[1] for p in PAIRS])
+    batch = next(iter(task.train_batches(0)))
+    rows = batch.index.tolist()
+    assert [row[row != PAD].tolist() for row in batch.source] == \
+        [theirs["input_ids"][i] for i in rows]
+    labels = [theirs["labels"][i] for i in rows]  # tokens </s> [fr_XX]
+    assert all(ids[-2:] == [EOS, fr] for ids in labels)
+    width = max(map(len, labels))
+    padded = torch.tensor([ids + [PAD] * (width - len(ids)) for ids in labels])
+    shifted = shift_tokens_right(padded, PAD)  # [fr_XX] tokens </s>
+    scored = batch.targets != PAD
+    assert torch.equal(batch.decoder_input[scored], shifted[:, :-1][scored])
+    assert torch.equal(batch.targets[scored], padded[:, :-1][scored])
+
+    model = task.build_model(task.model_config(None)).eval()
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(mbart_dir).eval()
+    last = padded == fr  # the code after </s>: not scored
+    with torch.no_grad():
+        ours = float(task.loss(model, batch)) / batch.target_tokens
+        want = float(hf(input_ids=batch.source, attention_mask=(batch.source != PAD).long(),
+                        decoder_input_ids=shifted,
+                        labels=padded.masked_fill(last | (padded == PAD), -100)).loss)
+    assert ours == pytest.approx(want, abs=1e-4)
+
+
+def test_fine_tuned_mbart_run_keeps_its_pair(mbart_dir, pairs_tsv, tmp_path, monkeypatch):
+    import aiayn.tasks.translate as translate_module
+
+    seen = []
+    plain = translate_module.translate_ids
+
+    def recording(*args, **kwargs):  # what the run's validation decodes with
+        seen.append((kwargs.get("start"), tuple(kwargs.get("source_suffix", ()))))
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(translate_module, "translate_ids", recording)
+    out = tmp_path / "run"
+    assert main(["train", "translation", "--data", str(pairs_tsv), "--out", str(out),
+                 "--init", str(mbart_dir), "--src-lang", "en_XX", "--tgt-lang", "fr_XX",
+                 "--valid-bleu-sentences", "2", "--lr-factor", "5", *FAST]) == 0
+    monkeypatch.setattr(translate_module, "translate_ids", plain)
+    codes = transformers.AutoTokenizer.from_pretrained(mbart_dir)
+    en, fr = codes.convert_tokens_to_ids("en_XX"), codes.convert_tokens_to_ids("fr_XX")
+    assert seen and all(entry == (fr, (en,)) for entry in seen)
+    info = json.loads((out / "run.json").read_text())
+    assert info["assets"]["languages"] == {"src_lang": "en_XX", "tgt_lang": "fr_XX",
+                                           "model_type": "mbart"}
+    start = aiayn.from_pretrained(mbart_dir).state_dict()
+    tuned = load_run(out).model.state_dict()
+    assert any(not torch.equal(tuned[name], start[name]) for name in start)  # it trained
+
+    exported = export(out, tmp_path / "exported")
+    for args, tgt in (((), "fr_XX"), (("--tgt-lang", "de_DE"), "de_DE")):
+        result = run_cli("translate", str(out), "--beam", "1", "--threads", "1", *args,
+                         stdin="".join(line + "\n" for line in LINES))
+        assert result.returncode == 0, result.stderr.decode()
+        assert result.stdout.decode().splitlines() == _hf_translations(
+            exported, LINES, src="en_XX", tgt=tgt, beam=1)
+
+
+# --- NLLB's legacy format --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def legacy_nllb_dir(tmp_path_factory):
+    """The small NLLB checkpoint of test_hf_multilingual with its tokenizer saved by
+    ``NllbTokenizerFast(legacy_behaviour=True)``."""
+    directory = build_nllb(tmp_path_factory.mktemp("nllb-legacy"),
+                           tmp_path_factory.mktemp("nllb-legacy-scratch"))
+    tokenizer = transformers.NllbTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"),
+                                               src_lang=CODES[0], additional_special_tokens=CODES,
+                                               legacy_behaviour=True)
+    tokenizer.save_pretrained(directory)
+    assert json.loads((directory / "tokenizer_config.json").read_text())["legacy_behaviour"]
+    return directory
+
+
+def test_legacy_nllb_source_ends_with_its_code_and_the_target_code_is_forced(
+        legacy_nllb_dir, monkeypatch, capsys):
+    theirs = transformers.AutoTokenizer.from_pretrained(legacy_nllb_dir, src_lang="deu_Latn")
+    ours = _ours(legacy_nllb_dir, "deu_Latn", "fra_Latn", model_type="m2m_100")
+    assert _sources(ours, LINES) == theirs(LINES)["input_ids"]
+    fra = theirs.convert_tokens_to_ids("fra_Latn")
+    assert ours.language_ids.forced == (fra,) and ours.language_ids.decoder_start is None
+
+    printed = _translate(legacy_nllb_dir, LINES, "--src-lang", "deu_Latn", "--tgt-lang",
+                         "fra_Latn", "--beam", "1", monkeypatch=monkeypatch, capsys=capsys)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(legacy_nllb_dir).eval()
+    want = []
+    for line in LINES:
+        ids = torch.tensor([theirs(line)["input_ids"]])
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=1,
+                                 do_sample=False, max_new_tokens=ids.shape[1] + 50,
+                                 forced_bos_token_id=fra, forced_eos_token_id=EOS,
+                                 bad_words_ids=[[PAD]])
+        want.append(theirs.decode(out[0], skip_special_tokens=True))
+    assert printed == want
+
+
+def test_unknown_mbart_code_is_refused(mbart_dir, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the cat\n")))
+    assert main(["translate", str(mbart_dir), "--src-lang", "en", "--tgt-lang", "ro_RO"]) == 1
+    assert re.search(r"--src-lang 'en' is not a language code of this mBART tokenizer; it has "
+                     r"ar_AR, cs_CZ", capsys.readouterr().err)
