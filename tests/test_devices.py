@@ -181,10 +181,14 @@ def test_engine_generation_is_greedy_under_the_full_forward(device, compiled):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_engine_beam_search_is_beam_search(device, compiled):
+@pytest.mark.parametrize("language", [{}, {"forced": [57]}, {"start": 57}],
+                         ids=["plain", "forced", "start"])
+def test_engine_beam_search_is_beam_search(device, compiled, language):
     """``aiayn.fast``'s beam search (on a GPU: the whole step, search included, replayed from CUDA
-    graphs, compiled or not), twice per shape: the plain search's scores, and each hypothesis's
-    score is its teacher-forced log-probability over GNMT's length penalty."""
+    graphs, compiled or not), twice per shape, also with a target language code forced (NLLB) or
+    as the start symbol (mBART): the plain search's scores, and each hypothesis's score is its
+    teacher-forced log-probability over GNMT's length penalty (a forced token scored 0, counted
+    in the length)."""
     from aiayn import Transformer
     from aiayn.decoding.beam import beam_search, length_penalty
     from aiayn.fast import InferenceOptions, prepare_for_inference
@@ -200,19 +204,20 @@ def test_engine_beam_search_is_beam_search(device, compiled):
     source = torch.tensor([[5, 9, 12, 7, 3, 8], [11, 4, 6, 0, 0, 0], [7, 7, 21, 30, 2, 0]],
                           device=device)
     mask = source != config.pad_id
-    want = beam_search(model, source, mask, beam_size=4, alpha=0.6, max_extra=10)
+    want = beam_search(model, source, mask, beam_size=4, alpha=0.6, max_extra=10, **language)
+    forced = language.get("forced", [])
+    first = [language.get("start", config.decoder_start_id), *forced]
     for _ in range(2):
-        got = engine.beam_search(source, mask, beam_size=4, alpha=0.6, max_extra=10)
+        got = engine.beam_search(source, mask, beam_size=4, alpha=0.6, max_extra=10, **language)
         for row, (g, w) in enumerate(zip(got, want)):
             assert g.score == pytest.approx(w.score, abs=1e-3)
-            target = torch.tensor([[config.decoder_start_id] + g.tokens + [config.eos_id]],
-                                  device=device)
+            target = torch.tensor([first + g.tokens + [config.eos_id]], device=device)
             with torch.no_grad():
                 logits = model(source[row:row + 1], target[:, :-1],
                                src_padding_mask=mask[row:row + 1]).float()
-            log_p = logits.log_softmax(-1)[0].gather(1, target[0, 1:, None]).sum()
-            assert float(log_p) / length_penalty(len(g.tokens) + 1, 0.6) == \
-                pytest.approx(g.score, abs=1e-3)
+            log_p = logits.log_softmax(-1)[0].gather(1, target[0, 1:, None])[len(forced):].sum()
+            length = len(forced) + len(g.tokens) + 1
+            assert float(log_p) / length_penalty(length, 0.6) == pytest.approx(g.score, abs=1e-3)
 
 
 @pytest.mark.parametrize("device", DEVICES)

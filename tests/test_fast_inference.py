@@ -410,6 +410,31 @@ def test_fixed_shape_beam_search_is_beam_search(attention):
     assert [key[2] for key in small.shapes] == [10, 8]  # the two most recent capacities
 
 
+def test_fixed_shape_beam_search_takes_forced_tokens_and_a_start_symbol():
+    """A target language code forced after the start symbol (NLLB), or given as the start symbol
+    (mBART), one of two or two forced: ``beam_search``'s hypotheses, from one state per shape
+    whatever the call's start and blocked ids; a start outside the vocabulary is refused."""
+    from aiayn.fast.graphed_beam import GraphedBeam
+
+    searcher = GraphedBeam(use_graph=False)
+    mask = BEAM_SOURCES != CONFIG.pad_id
+    lengths = set()
+    for seed, eos_bias in [(1, 1.0), (2, 2.0)]:
+        model = eos_prone_translator(seed, eos_bias)
+        for language in ({"forced": [57]}, {"start": 57}, {"start": 58, "forced": [56, 55]}, {}):
+            for beam_size, alpha, max_extra in [(4, 0.6, 10), (3, 0.0, 2), (2, 1.5, 6)]:
+                options = dict(beam_size=beam_size, alpha=alpha, max_extra=max_extra, **language)
+                want = beam_search(model, BEAM_SOURCES, mask, **options)
+                assert_same_hypotheses(searcher(model, BEAM_SOURCES, mask, **options), want)
+                lengths.update(len(h.tokens) for h in want)
+                if "start" in language:  # never generated
+                    assert all(language["start"] not in h.tokens for h in want)
+    assert len(lengths) >= 5, lengths
+    assert len(searcher.shapes) == 3  # one per (beam size, capacity): the language is not a shape
+    with pytest.raises(ValueError, match=r"start token 60 is not an id"):
+        searcher(model, BEAM_SOURCES, mask, start=60)
+
+
 def test_fixed_shape_beam_search_reads_the_current_weights_in_inference_mode():
     """A state made under ``torch.inference_mode`` serves a later call outside it, and a weight
     update through ``.data`` between calls is what the next search uses."""

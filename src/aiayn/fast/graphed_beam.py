@@ -22,7 +22,10 @@ Done sentences keep their rows (they still run; the host ignores them), so no sh
 The host applies ``beam_search``'s rules to each report (finished hypotheses scored by log P / lp,
 ``sentence_done``) and rebuilds token histories from back-pointers. Rows never interact, so the
 search is ``beam_search``'s: the same hypotheses, scores equal up to float rounding of the
-different batch shapes. The first step (which projects the source into the cache) runs eagerly.
+different batch shapes. The first step (which projects the source into the cache) runs eagerly,
+with any ``forced`` tokens fed after the start symbol (a target language code), as ``beam_search``
+feeds them; a search's start symbol and blocked ids are written into the state, so a call's
+``start`` needs no other graph.
 
 On a CPU, or with ``use_graph=False``, the fixed-shape steps run as plain calls: that is how the
 tests check them.
@@ -32,6 +35,7 @@ Legend: B sentences, K beams, C cache capacity (slots), S source length, V vocab
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Callable
 
 import numpy as np
@@ -40,7 +44,7 @@ from torch import Tensor, nn
 
 from aiayn.decoding.beam import (best_hypothesis, check_beam_options, extend, force_eos,
                                  length_penalty, sentence_done)
-from aiayn.decoding.greedy import Hypothesis, blocked_tokens, output_limits
+from aiayn.decoding.greedy import Hypothesis, blocked_tokens, first_tokens, output_limits
 from aiayn.fast.cuda_graphs import capture, storage_key, use_shape
 from aiayn.nn.attention.cache import DecoderCache, KVCache
 
@@ -73,7 +77,7 @@ class BeamState:
         self.scores = torch.zeros(sources, beam_size, device=device)  # (B, K) the live beams'
         self.rows = torch.arange(rows, device=device)  # (B*K,) the rows the last step kept
         self.offsets = torch.arange(sources, device=device).unsqueeze(1) * beam_size  # (B, 1)
-        self.blocked = torch.tensor(blocked_tokens(model), dtype=torch.long, device=device)
+        self.blocked = torch.zeros(config.vocab_size, dtype=torch.bool, device=device)  # (V,)
         self.eos = config.eos_id
 
     def use_memory_buffers(self) -> None:
@@ -82,21 +86,23 @@ class BeamState:
             layer.keys, layer.values = keys, values
 
     def start(self, model: nn.Module, memory: Tensor, source_mask: Tensor, limits: Tensor,
-              start_id: int) -> Tensor:
-        """Token 0 of a new search, eagerly (it projects ``memory`` (B, S, D) into the cache);
-        returns its report."""
+              forced: list[int], start: int | None) -> Tensor:
+        """Tokens 0..F of a new search (the start symbol, then the F ``forced`` tokens) eagerly (it
+        projects ``memory`` (B, S, D) into the cache); returns the report of output position F."""
         K = self.beam_size
         self.memory_mask.copy_(source_mask)
         self.limits.copy_(limits.repeat_interleave(K))
         self.scores.fill_(-torch.inf)
         self.scores[:, 0] = 0.0  # only beam 0 is real at the start; the others would duplicate it
-        self.tokens.fill_(start_id)
-        self.positions.zero_()
-        self.slots.zero_()
+        self.blocked.zero_()
+        self.blocked[blocked_tokens(model, start)] = True
+        self.positions.fill_(len(forced))  # the output position the report chooses
+        self.slots.fill_(len(forced))
         self.cache.length = 0
         for layer in self.cache.cross:  # projected again from this search's memory
             layer.keys = layer.values = None
-        logits = model.decode(self.tokens, memory, memory_padding_mask=self.memory_mask,
+        tokens = first_tokens(model, len(self.tokens), forced, memory.device, start)  # (B*K, 1+F)
+        logits = model.decode(tokens, memory, memory_padding_mask=self.memory_mask,
                               cache=self.cache)[:, -1]  # (B*K, V)
         for layer, (keys, values) in zip(self.cache.cross, self.memory):
             keys.copy_(layer.keys)
@@ -112,7 +118,7 @@ def choose(state: BeamState, logits: Tensor) -> Tensor:
     score."""
     K = state.beam_size
     log_probs = torch.log_softmax(logits.float(), dim=-1)  # (B*K, V)
-    log_probs.index_fill_(1, state.blocked, -torch.inf)
+    log_probs = log_probs.masked_fill(state.blocked, -torch.inf)
     log_probs = force_eos(log_probs, state.limits <= state.positions[:, 0] + 1, state.eos)
     chosen = extend(log_probs, state.scores, state.eos)
     state.scores.copy_(chosen.scores)
@@ -189,15 +195,18 @@ class GraphedBeam:
 
     @torch.no_grad()
     def __call__(self, model: nn.Module, source: Tensor, source_mask: Tensor, *,
-                 beam_size: int = 4, alpha: float = 0.6, max_extra: int = 50) -> list[Hypothesis]:
+                 beam_size: int = 4, alpha: float = 0.6, max_extra: int = 50,
+                 forced: Sequence[int] = (), start: int | None = None) -> list[Hypothesis]:
         """``beam_search(model, source, source_mask, ...)``'s hypotheses (same arguments). A model
         moved, cast or given new parameter tensors since a shape's graph was captured gets a new
         one (``storage_key``)."""
         config = model.config
         check_beam_options(beam_size, alpha, config.vocab_size)
-        K = beam_size
+        K, forced = beam_size, list(forced)
+        first_tokens(model, 1, forced, "cpu", start)  # bad ids: refused before any work
         limits_all = output_limits(source_mask, max_extra=max_extra,
                                    model_max_length=config.position_limit)  # (B,)
+        limits_all = limits_all.clamp(min=len(forced) + 1)  # room for the forced tokens and </s>
         sources, source_length = source_mask.shape
         steps = int(limits_all.max())
         limits = limits_all.tolist()
@@ -213,8 +222,7 @@ class GraphedBeam:
         fixed = use_shape(self.shapes, (sources, K, steps, source_length), model, make,
                           self.max_shapes)
         memory = model.encode(source, source_mask)  # (B, S, D)
-        report = fixed.state.start(model, memory, source_mask, limits_all,
-                                   config.decoder_start_id)
+        report = fixed.state.start(model, memory, source_mask, limits_all, forced, start)
         finished: list[list[Hypothesis]] = [[] for _ in range(sources)]
         done = [False] * sources
         parents: list[np.ndarray] = []  # per step t: (B*K,) the row each kept beam came from
@@ -229,8 +237,8 @@ class GraphedBeam:
                 row = int(parents[t][row])
             return sequence[::-1]
 
-        for position in range(steps):
-            if position > 0:
+        for position in range(len(forced), steps):  # position: of the output token chosen
+            if position > len(forced):
                 report = fixed(model)
             values = report.cpu().numpy()  # (B, 5K + 1): the step's only read
             top_scores, top_beam, is_eos = values[:, :K], values[:, K:2 * K], values[:, 2 * K:3 * K]
@@ -242,7 +250,8 @@ class GraphedBeam:
             for index, column in zip(*map(np.ndarray.tolist, np.nonzero(ends))):
                 row = index * K + int(top_beam[index, column])
                 finished[index].append(Hypothesis(
-                    history(row, position), float(top_scores[index, column]) / penalty))
+                    history(row, position - len(forced)),
+                    float(top_scores[index, column]) / penalty))
             for index in np.flatnonzero(running).tolist():
                 done[index] = sentence_done(finished[index], limits[index], position,
                                             float(best_live[index]), K, alpha)

@@ -142,7 +142,7 @@ class InferenceEngine:
     def beam_search(self, source: Tensor, source_mask: Tensor, **kwargs) -> list[Hypothesis]:
         """``aiayn.decoding.beam.beam_search`` on this engine's steps; where ``uses_cuda_graphs``
         and the model takes fixed-shape steps (``GraphedBeam.supports``: not T5), the same search
-        replayed from CUDA graphs (without ``forced`` tokens or a ``start`` of the call's)."""
+        replayed from CUDA graphs."""
         if self._graphed_beam is None:
             self._graphed_beam = False
             if self.uses_cuda_graphs() and GraphedBeam.supports(self.model):
@@ -150,8 +150,7 @@ class InferenceEngine:
                 step = (CompiledStep(beam_slot_step, self.options, dynamic=True)
                         if self.compiles else beam_slot_step)
                 self._graphed_beam = GraphedBeam(step, use_graph=True)
-        # forced tokens, or a start symbol not the model's: the plain search
-        if self._graphed_beam and not kwargs.get("forced") and kwargs.get("start") is None:
+        if self._graphed_beam:
             try:
                 return self._graphed_beam(self.model, source, source_mask, **kwargs)
             except (ValueError, TypeError, IndexError):
