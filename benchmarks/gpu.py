@@ -25,6 +25,9 @@ after every call; the first call, which compiles where a side compiles, is timed
   bf16 weights: HF ``generate(num_beams=4)`` against aiayn's plain ``beam_search`` and an engine's
   (``aiayn+graphs``: the graphed beam search of ``aiayn.fast.graphed_beam``; ``aiayn+engine``: the
   same with its step compiled).
+- ``greedy_mt``: the same sources and model, greedy (``num_beams=1``): aiayn's plain
+  ``greedy_search`` and an engine's (``aiayn+graphs``: on CUDA, the graphed search with one beam)
+  against HF ``generate``.
 - ``encoder``: BERT-base inference (d 768, 12 layers, 32 x 128) with bf16 weights.
 
 Memory of each side on CUDA: the peak of ``torch.cuda.max_memory_allocated`` during one call above
@@ -39,6 +42,7 @@ import platform
 import sys
 import time
 import traceback
+from functools import partial
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,7 +55,8 @@ from common import BENCH_DIR, alternate, mib, save_results  # noqa: E402
 from nanogpt import GPT, NanoConfig, aiayn_from_nanogpt, bench_optimizer  # noqa: E402
 from peers import aiayn_from_hf, hf_bert, hf_gpt2, hf_marian  # noqa: E402
 
-ROWS = ("lm_train", "greedy1", "greedy8", "sample8", "beam", "seq2seq_train", "encoder")
+ROWS = ("lm_train", "greedy1", "greedy8", "sample8", "beam", "greedy_mt", "seq2seq_train",
+        "encoder")
 
 
 @dataclass(frozen=True)
@@ -244,8 +249,10 @@ def build_decoding(row: str, which: list[str], shapes: Shapes, device: torch.dev
     return sides
 
 
-def build_beam(which: list[str], shapes: Shapes, device: torch.device) -> dict:
+def build_beam(which: list[str], shapes: Shapes, device: torch.device, beams: int = 4) -> dict:
+    """The ``beam`` row's sides, or with ``beams`` 1 the ``greedy_mt`` row's."""
     from aiayn.decoding.beam import beam_search
+    from aiayn.decoding.greedy import greedy_search
 
     torch.manual_seed(0)
     hf = hf_marian(d_model=shapes.base_d_model, layers=shapes.base_layers,
@@ -259,18 +266,21 @@ def build_beam(which: list[str], shapes: Shapes, device: torch.device) -> dict:
         if name == "hf":
             hf = hf.to(device, torch.bfloat16)
             sides[name] = lambda: hf.generate(
-                src, attention_mask=mask.long(), num_beams=4, do_sample=False,
+                src, attention_mask=mask.long(), num_beams=beams, do_sample=False,
                 max_new_tokens=shapes.beam_length, min_new_tokens=shapes.beam_length,
                 eos_token_id=None, forced_eos_token_id=None, length_penalty=1.0,
                 early_stopping=False, bad_words_ids=None, pad_token_id=0)
             continue
         model = aiayn_from_hf(hf).eval().to(device, torch.bfloat16)
         if name == "aiayn":  # the plain search, eager steps
-            sides[name] = lambda m=model: beam_search(m, src, mask, beam_size=4, alpha=0.0,
-                                                      max_extra=0)
-            continue
-        engine = _engine(model, compile=name == "aiayn+engine")  # on CUDA: graphed steps
-        sides[name] = lambda e=engine: e.beam_search(src, mask, beam_size=4, alpha=0.0,
+            greedy, beam = partial(greedy_search, model), partial(beam_search, model)
+        else:  # on CUDA: graphed steps
+            engine = _engine(model, compile=name == "aiayn+engine")
+            greedy, beam = engine.greedy_search, engine.beam_search
+        if beams == 1:
+            sides[name] = lambda search=greedy: search(src, mask, max_extra=0)
+        else:
+            sides[name] = lambda search=beam: search(src, mask, beam_size=beams, alpha=0.0,
                                                      max_extra=0)
     return sides
 
@@ -299,6 +309,7 @@ PAIRS = {"lm_train": [("aiayn", "nanogpt"), ("aiayn+compile", "nanogpt+compile")
          "greedy8": [("aiayn", "hf"), ("aiayn+engine", "hf")],
          "sample8": [("aiayn+engine", "hf")],
          "beam": [("aiayn", "hf"), ("aiayn+graphs", "hf"), ("aiayn+engine", "hf")],
+         "greedy_mt": [("aiayn", "hf"), ("aiayn+graphs", "hf")],
          "encoder": [("aiayn", "hf")]}
 
 
@@ -311,6 +322,8 @@ def build(row: str, which: list[str], shapes: Shapes, device: torch.device) -> d
         return build_decoding(row, which, shapes, device)
     if row == "beam":
         return build_beam(which, shapes, device)
+    if row == "greedy_mt":
+        return build_beam(which, shapes, device, beams=1)
     return build_encoder(which, shapes, device)
 
 
@@ -381,7 +394,7 @@ def units(row: str, shapes: Shapes) -> tuple[int, str, str]:
         return (shapes.base_batch * shapes.base_length, "target tokens/s",
                 f"d{shapes.base_d_model} {shapes.base_layers}+{shapes.base_layers} "
                 f"S=T{shapes.base_length} B{shapes.base_batch} V{shapes.base_vocab}")
-    if row == "beam":
+    if row in ("beam", "greedy_mt"):
         return (shapes.beam_sources * shapes.beam_length, "new tokens/s",
                 f"d{shapes.base_d_model} {shapes.base_layers}+{shapes.base_layers} "
                 f"{shapes.beam_sources} x S{shapes.beam_length} +{shapes.beam_length}")

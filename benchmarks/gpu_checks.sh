@@ -38,5 +38,5 @@ bench() {  # bench NAME SECONDS ROWS... [--profile]: benchmarks/gpu.py, JSON in 
 bench lm_train 110 lm_train --profile
 bench decoding 220 greedy1 greedy8 sample8 --profile
 step device_tests 95 python3 -m pytest -q -p no:cacheprovider -x tests/test_devices.py
-bench others 130 seq2seq_train beam encoder --profile
+bench others 130 seq2seq_train beam greedy_mt encoder --profile
 exit $status

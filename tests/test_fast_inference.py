@@ -435,6 +435,38 @@ def test_fixed_shape_beam_search_takes_forced_tokens_and_a_start_symbol():
         searcher(model, BEAM_SOURCES, mask, start=60)
 
 
+def test_engine_greedy_search_on_graphs_is_greedy_search(monkeypatch):
+    """Where the engine replays beam search from CUDA graphs, its greedy search is that search
+    with one beam and no length penalty: greedy search's tokens and scores, over length limits,
+    models that end early or late, and language codes (forced, start). Graphs replaced by plain
+    calls of the same fixed-shape steps (the CPU has none)."""
+    from aiayn.fast import inference
+    from aiayn.fast.graphed_beam import GraphedBeam
+
+    made = []
+
+    class PlainCalls(GraphedBeam):
+        def __init__(self, step, *, use_graph=True):
+            super().__init__(step, use_graph=False)
+            made.append(self)
+
+    monkeypatch.setattr(InferenceEngine, "uses_cuda_graphs", lambda self: True)
+    monkeypatch.setattr(inference, "GraphedBeam", PlainCalls)
+    mask = BEAM_SOURCES != CONFIG.pad_id
+    lengths = set()
+    for seed, eos_bias in [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]:
+        model = eos_prone_translator(seed, eos_bias)
+        engine = prepare_for_inference(model, InferenceOptions(compile=False))
+        for max_extra in (2, 5, 10):
+            for language in ({}, {"forced": [57]}, {"start": 57}):
+                want = greedy_search(model, BEAM_SOURCES, mask, max_extra=max_extra, **language)
+                got = engine.greedy_search(BEAM_SOURCES, mask, max_extra=max_extra, **language)
+                assert_same_hypotheses(got, want)
+                lengths.update(len(h.tokens) for h in want)
+    assert len(lengths) >= 6, lengths
+    assert len(made) == 4 and all(searcher.shapes for searcher in made)  # the graphed search ran
+
+
 def test_fixed_shape_beam_search_reads_the_current_weights_in_inference_mode():
     """A state made under ``torch.inference_mode`` serves a later call outside it, and a weight
     update through ``.data`` between calls is what the next search uses."""

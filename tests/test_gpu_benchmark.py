@@ -71,6 +71,7 @@ def test_tiny_run_on_the_cpu_writes_every_row(cpu_runs):
         ("greedy1", "aiayn+engine", "hf"), ("greedy8", "aiayn", "hf"),
         ("greedy8", "aiayn+engine", "hf"), ("sample8", "aiayn+engine", "hf"),
         ("beam", "aiayn", "hf"), ("beam", "aiayn+graphs", "hf"), ("beam", "aiayn+engine", "hf"),
+        ("greedy_mt", "aiayn", "hf"), ("greedy_mt", "aiayn+graphs", "hf"),
         ("seq2seq_train", "aiayn<-torch.nn", "torch.nn"), ("seq2seq_train", "aiayn<-marian", "marian"),
         ("encoder", "aiayn", "hf")}
     for row in result["rows"]:

@@ -9,7 +9,8 @@ as they are, and two engines in one process can hold different options.
 
 On a CUDA device, a decoder-only model's generation replays each step from a CUDA graph
 (``aiayn.fast.cuda_graphs``): fixed shapes, one launch per token; an encoder-decoder's beam search
-does the same with the whole step, search included (``aiayn.fast.graphed_beam``).
+does the same with the whole step, search included (``aiayn.fast.graphed_beam``), and its greedy
+search is that search with one beam.
 
 Where compiling fails (no C++ compiler for inductor's CPU code, an unsupported platform), the engine
 warns once and runs the plain step.
@@ -45,7 +46,7 @@ class InferenceOptions:
             on a CUDA model only (on the CPU compiled steps run 1.2-1.5x faster once warm, but
             compiling takes longer than a short generation runs; docs/performance.md).
         mode: ``torch.compile``'s mode (None: its default).
-        cuda_graphs: on a CUDA device, decoder-only generation and encoder-decoder beam search
+        cuda_graphs: on a CUDA device, decoder-only generation and encoder-decoder searches
             replay fixed-shape steps from CUDA graphs (one per batch size and cache capacity, and
             for beam search per source length, captured on first use; the 8 most recently used
             shapes are kept).
@@ -136,13 +137,30 @@ class InferenceEngine:
         return generate(self.model, prompt_ids, config, steps=self.generation_steps(), **kwargs)
 
     def greedy_search(self, source: Tensor, source_mask: Tensor, **kwargs) -> list[Hypothesis]:
-        """``aiayn.decoding.greedy.greedy_search`` on this engine's steps."""
+        """``aiayn.decoding.greedy.greedy_search`` on this engine's steps; where the beam search
+        replays CUDA graphs (``beam_search``), the same search as a one-beam search without a
+        length penalty, which is greedy search (the same tokens and scores:
+        tests/test_fast_inference.py), replayed from them."""
+        graphed = self._graphed_search()
+        if graphed:
+            run = self._run_graphed(graphed, source, source_mask, beam_size=1, alpha=0.0, **kwargs)
+            if run is not None:
+                return run
         return greedy_search(self.model, source, source_mask, step=self.decoder_step, **kwargs)
 
     def beam_search(self, source: Tensor, source_mask: Tensor, **kwargs) -> list[Hypothesis]:
         """``aiayn.decoding.beam.beam_search`` on this engine's steps; where ``uses_cuda_graphs``
         and the model takes fixed-shape steps (``GraphedBeam.supports``: not T5), the same search
         replayed from CUDA graphs."""
+        graphed = self._graphed_search()
+        if graphed:
+            run = self._run_graphed(graphed, source, source_mask, **kwargs)
+            if run is not None:
+                return run
+        return beam_search(self.model, source, source_mask, step=self.decoder_step, **kwargs)
+
+    def _graphed_search(self) -> GraphedBeam | bool:
+        """The fixed-shape search the encoder-decoder searches replay (False: none here)."""
         if self._graphed_beam is None:
             self._graphed_beam = False
             if self.uses_cuda_graphs() and GraphedBeam.supports(self.model):
@@ -150,17 +168,21 @@ class InferenceEngine:
                 step = (CompiledStep(beam_slot_step, self.options, dynamic=True)
                         if self.compiles else beam_slot_step)
                 self._graphed_beam = GraphedBeam(step, use_graph=True)
-        if self._graphed_beam:
-            try:
-                return self._graphed_beam(self.model, source, source_mask, **kwargs)
-            except (ValueError, TypeError, IndexError):
-                raise  # the caller's mistake: the plain search would raise it too
-            except RuntimeError as error:  # capturing failed on this GPU / PyTorch: go on plainly
-                self._graphed_beam = False
-                warnings.warn(f"aiayn: the CUDA-graph beam search failed ({type(error).__name__}: "
-                              f"{str(error).splitlines()[0] if str(error) else ''}); beam search "
-                              f"runs without graphs", RuntimeWarning, stacklevel=2)
-        return beam_search(self.model, source, source_mask, step=self.decoder_step, **kwargs)
+        return self._graphed_beam
+
+    def _run_graphed(self, graphed: GraphedBeam, source: Tensor, source_mask: Tensor,
+                     **kwargs) -> list[Hypothesis] | None:
+        """The graphed search's hypotheses; None (and a warning, once) where capturing fails."""
+        try:
+            return graphed(self.model, source, source_mask, **kwargs)
+        except (ValueError, TypeError, IndexError):
+            raise  # the caller's mistake: the plain search would raise it too
+        except RuntimeError as error:  # capturing failed on this GPU / PyTorch: go on plainly
+            self._graphed_beam = False
+            warnings.warn(f"aiayn: the CUDA-graph beam search failed ({type(error).__name__}: "
+                          f"{str(error).splitlines()[0] if str(error) else ''}); searches run "
+                          f"without graphs", RuntimeWarning, stacklevel=3)
+            return None
 
 
 def prepare_for_inference(model: nn.Module, options: InferenceOptions | None = None
