@@ -348,3 +348,43 @@ def test_unknown_mbart_code_is_refused(mbart_dir, monkeypatch, capsys):
     assert main(["translate", str(mbart_dir), "--src-lang", "en", "--tgt-lang", "ro_RO"]) == 1
     assert re.search(r"--src-lang 'en' is not a language code of this mBART tokenizer; it has "
                      r"ar_AR, cs_CZ", capsys.readouterr().err)
+
+
+# --- aiayn attention -------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["mbart", "legacy-nllb"])
+def test_attention_shows_the_translation_with_its_language_codes(kind, mbart_dir,
+                                                                 legacy_nllb_dir, tmp_path,
+                                                                 capsys):
+    """``aiayn attention DIR --src-lang X --tgt-lang Y``: the source ids are the tokenizer's for
+    that pair, the decoder input is the start symbol, the forced code and the greedy translation
+    ``aiayn translate`` prints (mBART: the target code as start)."""
+    from aiayn.tasks.checkpoints import load_model_dir, set_languages
+    from aiayn.tasks.translate import language_options, translate_ids
+    from aiayn.visualise.subjects import load_subject
+
+    directory, src, tgt = ((mbart_dir, "de_DE", "fr_XX") if kind == "mbart"
+                           else (legacy_nllb_dir, "deu_Latn", "fra_Latn"))
+    theirs = transformers.AutoTokenizer.from_pretrained(directory, src_lang=src)
+    code = theirs.convert_tokens_to_ids(tgt)
+    example = load_subject(directory, src_lang=src, tgt_lang=tgt).example(LINES[0])
+    assert example.source_ids == theirs(LINES[0])["input_ids"]
+    run = load_model_dir(directory, task="translation")
+    set_languages(run, src, tgt)
+    pair = run.assets.language_ids
+    (want,) = translate_ids(run.model, run.assets.encode([LINES[0]]), beam_size=1,
+                            **language_options(run.assets))
+    first = [code] if kind == "mbart" else [EOS, code]
+    assert example.target_ids == first + want
+    assert (pair.decoder_start == code) == (kind == "mbart")
+    given = load_subject(directory, src_lang=src, tgt_lang=tgt).example(LINES[0], "le chat")
+    assert given.target_ids[:len(first)] == first and len(given.target_ids) > len(first)
+
+    out = tmp_path / "maps"
+    assert main(["attention", str(directory), "--text", LINES[0], "--src-lang", src,
+                 "--tgt-lang", tgt, "--out", str(out)]) == 0
+    assert {"cross_grid.png", "metrics.json"} <= {path.name for path in out.iterdir()}
+    printed = capsys.readouterr().out
+    assert f"target (greedy translation): {' '.join(theirs.convert_ids_to_tokens(first + want))}" \
+        in printed
+    assert main(["attention", str(directory), "--text", LINES[0], "--out", str(out)]) == 1
+    assert re.search(r"give --src-lang and --tgt-lang", capsys.readouterr().err)

@@ -1,6 +1,7 @@
 """``aiayn attention`` and ``aiayn plot`` end to end on tiny models saved as run directories."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -198,3 +199,24 @@ def test_attention_on_a_hugging_face_directory_finds_real_heads(tmp_path):
     head = next(r for r in rows if r["layer"] == 0 and r["head"] == 2)
     assert head["label"] == "previous-token" and head["previous_mass"] > 0.8
     assert sum(r["label"] == "first-token" for r in rows) >= 10  # [CLS] sinks
+
+
+def test_attention_language_codes_need_a_multilingual_checkpoint(tmp_path, capsys):
+    """--src-lang / --tgt-lang of a model without language codes, or with --image: a clear error
+    (a multilingual checkpoint's: tests/test_hf_mbart_format.py)."""
+    run_dir = make_run(tmp_path / "run", Transformer, "translation")
+    tokenizer = make_tokenizer(tmp_path / "tokenizer.json")
+    code = main(["attention", str(run_dir), "--text", "the cat", "--tokenizer", str(tokenizer),
+                 "--src-lang", "en_XX", "--out", str(tmp_path / "out")])
+    assert code == 1
+    assert re.search(r"--src-lang / --tgt-lang apply to multilingual translation checkpoints "
+                     r"\(NLLB, M2M100, mBART\) .*not to --tokenizer", capsys.readouterr().err)
+    code = main(["attention", str(run_dir), "--text", "5 6 7", "--tgt-lang", "de_DE", "--out",
+                 str(tmp_path / "out")])
+    assert code == 1
+    assert re.search(r"not to the translation model at .*run", capsys.readouterr().err)
+    code = main(["attention", str(run_dir), "--test-image", "0", "--src-lang", "en_XX", "--out",
+                 str(tmp_path / "out")])
+    assert code == 1
+    assert "go with a translation model's texts, not with images" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

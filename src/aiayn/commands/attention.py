@@ -39,6 +39,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="at most this many texts from --text-file (default 1000)")
     parser.add_argument("--tokenizer", metavar="FILE",
                         help="tokenizers JSON or SentencePiece .model to use instead of the run's")
+    parser.add_argument("--src-lang", default=None, metavar="CODE",
+                        help="a multilingual translation checkpoint's source language code (as "
+                             "aiayn translate takes it; a fine-tuned run: its pair by default)")
+    parser.add_argument("--tgt-lang", default=None, metavar="CODE",
+                        help="its target language code")
     parser.add_argument("--dpi", type=int, default=110, help="image resolution (default 110)")
     parser.add_argument("--html", action="store_true",
                         help="also write attention.html (self-contained, interactive)")
@@ -81,10 +86,15 @@ def run(args: argparse.Namespace) -> int:
     if args.image is not None or args.test_image is not None:
         from aiayn.commands.attention_image import run_image
 
+        if args.src_lang is not None or args.tgt_lang is not None:
+            raise ValueError("--src-lang / --tgt-lang go with a translation model's texts, not "
+                             "with images")
+
         return run_image(args)
     if args.max_texts < 1:
         raise ValueError(f"--max-texts must be >= 1, got {args.max_texts}")
-    subject = load_subject(args.run_dir, tokenizer_file=args.tokenizer)
+    subject = load_subject(args.run_dir, tokenizer_file=args.tokenizer, src_lang=args.src_lang,
+                           tgt_lang=args.tgt_lang)
     for note in subject.missing:
         print(f"aiayn attention: note: {note}", file=sys.stderr)
     if args.text is not None:

@@ -107,13 +107,17 @@ def tokenizer_from_file(path: str | Path) -> Tokenizer:
 
 @dataclass
 class Subject:
-    """A model and how to make examples for it; ``missing`` lists what could not be found."""
+    """A model and how to make examples for it; ``missing`` lists what could not be found.
+    ``translation``: a multilingual checkpoint's tokenizer set to a language pair
+    (``aiayn.tasks.checkpoints.Seq2SeqTokenizer``), which then makes the ids as ``aiayn
+    translate`` does."""
 
     model: nn.Module
     task: str
     tokenizer: Tokenizer | None
     source: str
     missing: list[str] = field(default_factory=list)
+    translation: Any = None
 
     @property
     def encoder_decoder(self) -> bool:
@@ -149,7 +153,9 @@ class Subject:
 
         As the translation task trains: source + ``eos_id``; decoder input = ``decoder_start_id``
         (else ``bos_id``) + target, the target being the model's greedy translation when ``target``
-        is None (so the last row is where the model looks when it predicts ``</s>``). Decoder-only
+        is None (so the last row is where the model looks when it predicts ``</s>``); with a
+        language pair (``translation``), its codes where the checkpoint's format puts them, as
+        ``aiayn translate`` and fine-tuning put them. Decoder-only
         and encoder-only models: the tokenizer's ids as they are (a tokenizer with a post-processor,
         e.g. BERT's, adds its own [CLS]/[SEP]).
 
@@ -158,6 +164,8 @@ class Subject:
                 decoder input.
         """
         config = self.model.config
+        if self.translation is not None and self.translation.languages:
+            return self._language_example(text, target)
         specials = self.tokenizer is not None and self.tokenizer.adds_specials
         source = self._ids(text, "source text")
         if not self.encoder_decoder:
@@ -183,19 +191,45 @@ class Subject:
             target_ids = [start] + self._ids(target, "target text")
         return Example(source, self._labels(source), target_ids, self._labels(target_ids))
 
+    def _language_example(self, text: str, target: str | None) -> Example:
+        """``example`` for a language pair: the source with its codes (a prefix, or a suffix after
+        </s>), the decoder input from the pair's start symbol and forced codes."""
+        from aiayn.decoding.greedy import greedy_search
 
-def load_subject(path: str | Path, *, tokenizer_file: str | Path | None = None) -> Subject:
-    """The model (and tokenizer) of a run directory or a Hugging Face style directory.
+        config, pair = self.model.config, self.translation.language_ids
+        (tokens,) = self.translation.encode([text])
+        if len(tokens) == len(pair.source_prefix):
+            raise ValueError(f"the source text {text!r} has no tokens")
+        source = tokens + [config.eos_id, *pair.source_suffix]
+        start = config.decoder_start_id if pair.decoder_start is None else pair.decoder_start
+        if target is None:
+            ids = torch.tensor([source], dtype=torch.long)  # (1, S)
+            with torch.inference_mode():
+                (hypothesis,) = greedy_search(self.model, ids, torch.ones_like(ids, dtype=torch.bool),
+                                              forced=list(pair.forced), start=pair.decoder_start)
+            target_ids = [start, *pair.forced] + hypothesis.tokens  # tokens exclude </s>
+        else:
+            target_ids = [start] + self.translation.encode_targets([target])[0]
+        return Example(source, self._labels(source), target_ids, self._labels(target_ids))
+
+
+def load_subject(path: str | Path, *, tokenizer_file: str | Path | None = None,
+                 src_lang: str | None = None, tgt_lang: str | None = None) -> Subject:
+    """The model (and tokenizer) of a run directory or a Hugging Face style directory; for a
+    multilingual translation checkpoint, or a run fine-tuned from one, set to the language pair
+    ``src_lang`` / ``tgt_lang`` (a run's saved pair by default).
 
     Raises:
         FileNotFoundError: ``path`` missing.
-        ValueError: neither a run nor a loadable Hugging Face directory; see ``load_run``.
+        ValueError: neither a run nor a loadable Hugging Face directory (see ``load_run``); a
+            multilingual checkpoint without both codes, an unknown code, or codes for a model
+            without language codes (``aiayn.tasks.checkpoints.set_language_pair``).
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no run or model directory at {path}")
     missing: list[str] = []
-    tokenizer = None
+    tokenizer = translation = None
     if (path / "run.json").is_file() or not (path / "config.json").is_file():
         from aiayn.training.run import load_run
 
@@ -207,6 +241,7 @@ def load_subject(path: str | Path, *, tokenizer_file: str | Path | None = None) 
             run = load_run(path, load_assets=False)  # the task's code is not in this installation
             missing.append(f"the {path.name} task's assets could not be loaded ({error})")
         model, task = run.model, run.task
+        translation = run.assets  # a Seq2SeqTokenizer where the run started from a checkpoint
         if run.assets is not None:
             tokenizer = tokenizer_from_object(run.assets, f"the {task} run's tokenizer")
             if tokenizer is None:
@@ -233,11 +268,30 @@ def load_subject(path: str | Path, *, tokenizer_file: str | Path | None = None) 
                                   labels=lambda ids: [loaded_tokenizer.id_to_token(i) for i in ids],
                                   description=f"the checkpoint's tokenizer ({path})",
                                   adds_specials=True)
+            if isinstance(model, Transformer):  # where a multilingual checkpoint's codes go
+                from aiayn.interop.hf_tokenizer import read_json_object
+                from aiayn.tasks.checkpoints import Seq2SeqTokenizer
+
+                model_type = read_json_object(path / "config.json").get("model_type")
+                translation = Seq2SeqTokenizer(loaded_tokenizer, path,
+                                               eos_id=model.config.eos_id, model_type=model_type)
         else:
             missing.append(f"{path} has no tokenizer files (tokenizer.json, vocab.txt, "
                            f"source.spm)")
         source = f"model {path}"
     if tokenizer_file is not None:
         tokenizer = tokenizer_from_file(tokenizer_file)
-        missing = []
-    return Subject(model=model, task=task, tokenizer=tokenizer, source=source, missing=missing)
+        missing, translation = [], None
+    from aiayn.tasks.checkpoints import Seq2SeqTokenizer, set_language_pair
+
+    if not isinstance(translation, Seq2SeqTokenizer):
+        translation = None
+        if src_lang is not None or tgt_lang is not None:
+            given = "--tokenizer" if tokenizer_file is not None else f"the {task} model at {path}"
+            raise ValueError(f"--src-lang / --tgt-lang apply to multilingual translation "
+                             f"checkpoints (NLLB, M2M100, mBART) and runs fine-tuned from them, "
+                             f"with their own tokenizer; not to {given}")
+    else:
+        set_language_pair(translation, path, src_lang, tgt_lang)
+    return Subject(model=model, task=task, tokenizer=tokenizer, source=source, missing=missing,
+                   translation=translation)
