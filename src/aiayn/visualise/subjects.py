@@ -204,9 +204,10 @@ class Subject:
         start = config.decoder_start_id if pair.decoder_start is None else pair.decoder_start
         if target is None:
             ids = torch.tensor([source], dtype=torch.long)  # (1, S)
+            real = torch.ones_like(ids, dtype=torch.bool)
             with torch.inference_mode():
-                (hypothesis,) = greedy_search(self.model, ids, torch.ones_like(ids, dtype=torch.bool),
-                                              forced=list(pair.forced), start=pair.decoder_start)
+                (hypothesis,) = greedy_search(self.model, ids, real, forced=list(pair.forced),
+                                              start=pair.decoder_start)
             target_ids = [start, *pair.forced] + hypothesis.tokens  # tokens exclude </s>
         else:
             target_ids = [start] + self.translation.encode_targets([target])[0]
