@@ -179,27 +179,34 @@ def test_engine_generation_is_greedy_under_the_full_forward(device, compiled):
                 assert torch.all(chosen >= logits.max(dim=-1).values - 1e-3), (prompt, tokens)
 
 
+def _translator_and_engine(device: str, compiled: bool):
+    """A tiny random translator whose outputs end at different steps, its ``aiayn.fast`` engine,
+    and three padded sources with their mask."""
+    from aiayn import Transformer
+    from aiayn.fast import InferenceOptions, prepare_for_inference
+
+    torch.manual_seed(0)
+    config = tiny(vocab_size=60, max_length=48, output_bias=True)
+    model = Transformer(config).to(device).eval()
+    with torch.no_grad():
+        model.generator.bias[config.eos_id] = 1.0
+    engine = prepare_for_inference(model, InferenceOptions(compile=compiled))
+    source = torch.tensor([[5, 9, 12, 7, 3, 8], [11, 4, 6, 0, 0, 0], [7, 7, 21, 30, 2, 0]],
+                          device=device)
+    return model, engine, source, source != config.pad_id
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_engine_greedy_translation_is_greedy_search(device, compiled):
     """``aiayn.fast``'s greedy search of an encoder-decoder (on a GPU: the graphed one-beam
     search), twice per shape, with and without a forced code: greedy search's tokens, scores
     within 1e-3."""
-    from aiayn import Transformer
     from aiayn.decoding.greedy import greedy_search
-    from aiayn.fast import InferenceOptions, prepare_for_inference
 
     if compiled and device == "cpu":
         pytest.skip("compiled CPU steps: tests/test_fast_inference.py")
-    torch.manual_seed(0)
-    config = tiny(vocab_size=60, max_length=48, output_bias=True)
-    model = Transformer(config).to(device).eval()
-    with torch.no_grad():
-        model.generator.bias[config.eos_id] = 1.0  # outputs end at different steps
-    engine = prepare_for_inference(model, InferenceOptions(compile=compiled))
-    source = torch.tensor([[5, 9, 12, 7, 3, 8], [11, 4, 6, 0, 0, 0], [7, 7, 21, 30, 2, 0]],
-                          device=device)
-    mask = source != config.pad_id
+    model, engine, source, mask = _translator_and_engine(device, compiled)
     for language in ({}, {"forced": [57]}, {}):
         want = greedy_search(model, source, mask, max_extra=10, **language)
         got = engine.greedy_search(source, mask, max_extra=10, **language)
@@ -217,23 +224,14 @@ def test_engine_beam_search_is_beam_search(device, compiled, language):
     as the start symbol (mBART): the plain search's scores, and each hypothesis's score is its
     teacher-forced log-probability over GNMT's length penalty (a forced token scored 0, counted
     in the length)."""
-    from aiayn import Transformer
     from aiayn.decoding.beam import beam_search, length_penalty
-    from aiayn.fast import InferenceOptions, prepare_for_inference
 
     if compiled and device == "cpu":
         pytest.skip("compiled CPU steps: tests/test_fast_inference.py")
     if compiled and language:
         pytest.skip("a language code changes no compiled step: the eager cases cover it")
-    torch.manual_seed(0)
-    config = tiny(vocab_size=60, max_length=48, output_bias=True)
-    model = Transformer(config).to(device).eval()
-    with torch.no_grad():
-        model.generator.bias[config.eos_id] = 1.0  # hypotheses end at different steps
-    engine = prepare_for_inference(model, InferenceOptions(compile=compiled))
-    source = torch.tensor([[5, 9, 12, 7, 3, 8], [11, 4, 6, 0, 0, 0], [7, 7, 21, 30, 2, 0]],
-                          device=device)
-    mask = source != config.pad_id
+    model, engine, source, mask = _translator_and_engine(device, compiled)
+    config = model.config
     want = beam_search(model, source, mask, beam_size=4, alpha=0.6, max_extra=10, **language)
     forced = language.get("forced", [])
     first = [language.get("start", config.decoder_start_id), *forced]

@@ -18,17 +18,16 @@ from aiayn.cli import main
 from aiayn.data.batching import collate
 from aiayn.training.run import load_run
 from hf_helpers import randomise
+import test_multilingual_finetuning as finetuning
 from test_checkpoint_finetuning import FAST, export, run_cli
-from test_hf_multilingual import (CODES, COMMON, CORPUS, EOS, PAD, _tokenizer_json, build_nllb)
+from test_hf_multilingual import CODES, COMMON, CORPUS, EOS, PAD, build_nllb
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 LINES = ["the cat sat on the mat", "a dog", "le chat est sur le tapis"]
-PAIRS = [("the cat sat on the mat", "le chat est sur le tapis"),
-         ("a dog and a cat", "un chien et un chat"),
-         ("the mat", "le tapis"), ("a cat sat", "un chat"), ("the dog", "le chien")] * 8
+pairs_tsv = finetuning.pairs_tsv  # the English-French pairs NLLB is fine-tuned on there
 
 
 def _mbart_codes():
@@ -37,35 +36,58 @@ def _mbart_codes():
     return list(FAIRSEQ_LANGUAGE_CODES)
 
 
+def _unigram_json(path) -> None:
+    """A small SentencePiece-style Unigram tokenizer.json (mBART's kind) with fixed pieces and
+    scores: the test texts' words and characters (a trained one differs from run to run), then
+    mBART's 25 codes and <mask> as added special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    lines = CORPUS + LINES + [text for pair in finetuning.PAIRS for text in pair]
+    words = sorted({f"\u2581{word}" for line in lines for word in line.split()})
+    characters = sorted({c for line in lines for c in line.replace(" ", "")})
+    pieces = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    pieces += [(word, -3.0 - 0.01 * index) for index, word in enumerate(words)]
+    pieces += [(c, -5.0 - 0.01 * index) for index, c in enumerate(characters)]
+    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=3, byte_fallback=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581",
+                                                       prepend_scheme="always", split=True)
+    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always",
+                                           split=True)
+    tokenizer.add_special_tokens(_mbart_codes() + ["<mask>"])
+    tokenizer.save(str(path))
+
+
 def build_mbart(directory, scratch):
     """A small mbart-large-cc25-like checkpoint: transformers' ``MBartTokenizer`` files over a
     Unigram tokenizer.json with mBART's 25 codes, and a random mBART whose config starts the
     decoder from </s> (cc25's; ``generate`` is given the target code as decoder start)."""
-    _tokenizer_json(scratch / "tokenizer.json", _mbart_codes(), unigram=True)
+    _unigram_json(scratch / "tokenizer.json")
     # transformers 4's MBartTokenizer is the SentencePiece one; its Fast one reads tokenizer.json
     fast = getattr(transformers, "MBartTokenizerFast", transformers.MBartTokenizer)
     tokenizer = fast(tokenizer_file=str(scratch / "tokenizer.json"), src_lang="en_XX",
                      tgt_lang="ro_RO")
     tokenizer.save_pretrained(directory)
-    hf = transformers.MBartForConditionalGeneration(transformers.MBartConfig(
-        scale_embedding=True, decoder_start_token_id=EOS, vocab_size=len(tokenizer),
-        tie_word_embeddings=False, **COMMON)).eval()
-    randomise(hf, std=0.1)
+    with torch.random.fork_rng():  # the position table (randomise leaves it) from a fixed seed
+        torch.manual_seed(0)
+        hf = transformers.MBartForConditionalGeneration(transformers.MBartConfig(
+            scale_embedding=True, decoder_start_token_id=EOS, vocab_size=len(tokenizer),
+            tie_word_embeddings=False, **COMMON)).eval()
+    randomise(hf, std=0.5)  # outputs that depend on the source
     _end_early(hf, tokenizer)
     hf.save_pretrained(directory)
     return directory
 
 
 def _end_early(hf, tokenizer) -> None:
-    """Random models repeat a few tokens and never end: give </s> the output row of the token that
-    first appears at the most different steps of the corpus's greedy outputs (and a little more
-    bias), so translations end at different lengths."""
-    ids = tokenizer(CORPUS, padding=True, return_tensors="pt")
+    """Random models repeat a few tokens and never end: give </s> the output row (and a little more
+    bias) of the token that first appears at the most different steps of the test lines' greedy
+    translations (de_DE to fr_XX), so they end at different lengths."""
+    tokenizer.src_lang = "de_DE"
     with torch.no_grad():
-        rows = hf.generate(**ids, num_beams=1, do_sample=False, max_new_tokens=12,
-                           bad_words_ids=[[PAD]],
-                           decoder_start_token_id=tokenizer.convert_tokens_to_ids("ro_RO"))
-        rows = [row[1:].tolist() for row in rows]
+        rows = [hf.generate(**tokenizer(line, return_tensors="pt"), num_beams=1,
+                            do_sample=False, max_new_tokens=12, bad_words_ids=[[PAD]],
+                            decoder_start_token_id=tokenizer.convert_tokens_to_ids("fr_XX"))
+                [0, 1:].tolist() for line in LINES]
 
         def first_steps(token):
             return {row.index(token) if token in row else len(row) for row in rows}
@@ -79,13 +101,6 @@ def _end_early(hf, tokenizer) -> None:
 @pytest.fixture(scope="module")
 def mbart_dir(tmp_path_factory):
     return build_mbart(tmp_path_factory.mktemp("mbart"), tmp_path_factory.mktemp("mbart-scratch"))
-
-
-@pytest.fixture(scope="module")
-def pairs_tsv(tmp_path_factory):
-    path = tmp_path_factory.mktemp("pairs") / "pairs.tsv"
-    path.write_text("".join(f"{en}\t{fr}\n" for en, fr in PAIRS), encoding="utf-8")
-    return path
 
 
 def _ours(directory, src, tgt, model_type="mbart"):
@@ -245,7 +260,9 @@ def test_mbart_training_batches_and_loss_are_transformers(mbart_dir, pairs_tsv):
     tokenizer = transformers.AutoTokenizer.from_pretrained(mbart_dir, src_lang="en_XX",
                                                            tgt_lang="fr_XX")
     fr = tokenizer.convert_tokens_to_ids("fr_XX")
-    theirs = tokenizer([p[0] for p in PAIRS], text_target=[p[1] for p in PAIRS])
+    theirs = tokenizer([p[0] for p in finetuning.PAIRS],
+                       text_target=[p[1] for p in finetuning.PAIRS])
+    assert len(task.train_source) == len(finetuning.PAIRS)  # none filtered: indices agree
     batch = next(iter(task.train_batches(0)))
     rows = batch.index.tolist()
     assert [row[row != PAD].tolist() for row in batch.source] == \
