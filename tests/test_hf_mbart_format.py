@@ -16,10 +16,9 @@ import torch
 import aiayn
 from aiayn.cli import main
 from aiayn.data.batching import collate
-from aiayn.training.run import load_run
 from hf_helpers import randomise
 import test_multilingual_finetuning as finetuning
-from test_checkpoint_finetuning import FAST, export, run_cli
+from test_checkpoint_finetuning import export, run_cli
 from test_hf_multilingual import CODES, COMMON, CORPUS, EOS, PAD, build_nllb
 
 transformers = pytest.importorskip("transformers")
@@ -249,19 +248,9 @@ def test_mbart_training_batches_and_loss_are_transformers(mbart_dir, pairs_tsv):
     reaches: aiayn does not train it."""
     from transformers.models.mbart.modeling_mbart import shift_tokens_right
 
-    from aiayn.tasks.checkpoints import set_language_pair
-    from aiayn.tasks.pretrained import load_pretrained_model
-    from aiayn.tasks.translation import TranslationTask
-
-    pretrained = load_pretrained_model(mbart_dir, "translation")
-    set_language_pair(pretrained.tokenizer, mbart_dir, "en_XX", "fr_XX")
-    task = TranslationTask([pairs_tsv], pretrained=pretrained, label_smoothing=0.0,
-                           valid_fraction=0.0, test_fraction=0.0, max_tokens=10_000)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(mbart_dir, src_lang="en_XX",
-                                                           tgt_lang="fr_XX")
+    task, tokenizer, theirs = finetuning.task_and_tokenizer(mbart_dir, pairs_tsv, "en_XX",
+                                                            "fr_XX")
     fr = tokenizer.convert_tokens_to_ids("fr_XX")
-    theirs = tokenizer([p[0] for p in finetuning.PAIRS],
-                       text_target=[p[1] for p in finetuning.PAIRS])
     assert len(task.train_source) == len(finetuning.PAIRS)  # none filtered: indices agree
     batch = next(iter(task.train_batches(0)))
     rows = batch.index.tolist()
@@ -288,31 +277,13 @@ def test_mbart_training_batches_and_loss_are_transformers(mbart_dir, pairs_tsv):
 
 
 def test_fine_tuned_mbart_run_keeps_its_pair(mbart_dir, pairs_tsv, tmp_path, monkeypatch):
-    import aiayn.tasks.translate as translate_module
-
-    seen = []
-    plain = translate_module.translate_ids
-
-    def recording(*args, **kwargs):  # what the run's validation decodes with
-        seen.append((kwargs.get("start"), tuple(kwargs.get("source_suffix", ()))))
-        return plain(*args, **kwargs)
-
-    monkeypatch.setattr(translate_module, "translate_ids", recording)
     out = tmp_path / "run"
-    assert main(["train", "translation", "--data", str(pairs_tsv), "--out", str(out),
-                 "--init", str(mbart_dir), "--src-lang", "en_XX", "--tgt-lang", "fr_XX",
-                 "--valid-bleu-sentences", "2", "--lr-factor", "5", *FAST]) == 0
-    monkeypatch.setattr(translate_module, "translate_ids", plain)
+    seen = finetuning.fine_tune(monkeypatch, mbart_dir, pairs_tsv, out, "en_XX", "fr_XX",
+                                "mbart")
     codes = transformers.AutoTokenizer.from_pretrained(mbart_dir)
     en, fr = codes.convert_tokens_to_ids("en_XX"), codes.convert_tokens_to_ids("fr_XX")
-    assert seen and all(entry == (fr, (en,)) for entry in seen)
-    info = json.loads((out / "run.json").read_text())
-    assert info["assets"]["languages"] == {"src_lang": "en_XX", "tgt_lang": "fr_XX",
-                                           "model_type": "mbart"}
-    start = aiayn.from_pretrained(mbart_dir).state_dict()
-    tuned = load_run(out).model.state_dict()
-    assert any(not torch.equal(tuned[name], start[name]) for name in start)  # it trained
-
+    assert all((kwargs.get("start"), tuple(kwargs.get("source_suffix", ()))) == (fr, (en,))
+               for kwargs in seen)  # what the run's validation decodes with
     exported = export(out, tmp_path / "exported")
     for args, tgt in (((), "fr_XX"), (("--tgt-lang", "de_DE"), "de_DE")):
         result = run_cli("translate", str(out), "--beam", "1", "--threads", "1", *args,
@@ -347,17 +318,9 @@ def test_legacy_nllb_source_ends_with_its_code_and_the_target_code_is_forced(
 
     printed = _translate(legacy_nllb_dir, LINES, "--src-lang", "deu_Latn", "--tgt-lang",
                          "fra_Latn", "--beam", "1", monkeypatch=monkeypatch, capsys=capsys)
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(legacy_nllb_dir).eval()
-    want = []
-    for line in LINES:
-        ids = torch.tensor([theirs(line)["input_ids"]])
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=1,
-                                 do_sample=False, max_new_tokens=ids.shape[1] + 50,
-                                 forced_bos_token_id=fra, forced_eos_token_id=EOS,
-                                 bad_words_ids=[[PAD]])
-        want.append(theirs.decode(out[0], skip_special_tokens=True))
-    assert printed == want
+    # generate with forced_bos_token_id, on the legacy tokenizer's input_ids
+    assert printed == finetuning._hf_translations(legacy_nllb_dir, LINES, src="deu_Latn",
+                                                  tgt="fra_Latn")
 
 
 def test_unknown_mbart_code_is_refused(mbart_dir, monkeypatch, capsys):

@@ -36,24 +36,30 @@ def pairs_tsv(tmp_path_factory):
     return path
 
 
+def task_and_tokenizer(directory, pairs_tsv, src: str, tgt: str):
+    """The translation task fine-tuning checkpoint ``directory`` on the pairs from ``src`` to
+    ``tgt`` (every pair trained, in file order, no label smoothing); transformers' tokenizer for
+    that pair, and its ``input_ids`` and ``text_target`` labels of the pairs."""
+    from aiayn.tasks.checkpoints import set_language_pair
+    from aiayn.tasks.pretrained import load_pretrained_model
+    from aiayn.tasks.translation import TranslationTask
+
+    pretrained = load_pretrained_model(directory, "translation")
+    set_language_pair(pretrained.tokenizer, directory, src, tgt)
+    task = TranslationTask([pairs_tsv], pretrained=pretrained, label_smoothing=0.0,
+                           valid_fraction=0.0, test_fraction=0.0, max_tokens=10_000)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, src_lang=src, tgt_lang=tgt)
+    theirs = tokenizer([p[0] for p in PAIRS], text_target=[p[1] for p in PAIRS])
+    return task, tokenizer, theirs
+
+
 def test_training_batches_and_loss_are_transformers(nllb_dir, pairs_tsv):
     """The task's ids are NllbTokenizerFast's ``input_ids`` and ``text_target`` labels; the batch's
     decoder input is M2M100's ``shift_tokens_right`` of the labels where a label is scored; the
     per-token loss is the model's own ``labels=`` loss."""
     from transformers.models.m2m_100.modeling_m2m_100 import shift_tokens_right
 
-    from aiayn.tasks.checkpoints import set_language_pair
-    from aiayn.tasks.pretrained import load_pretrained_model
-    from aiayn.tasks.translation import TranslationTask
-
-    pretrained = load_pretrained_model(nllb_dir, "translation")
-    set_language_pair(pretrained.tokenizer, nllb_dir, "eng_Latn", "fra_Latn")
-    task = TranslationTask([pairs_tsv], pretrained=pretrained, label_smoothing=0.0,
-                           valid_fraction=0.0, test_fraction=0.0, max_tokens=10_000)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(nllb_dir, src_lang="eng_Latn",
-                                                           tgt_lang="fra_Latn")
-    sources, targets = [p[0] for p in PAIRS], [p[1] for p in PAIRS]
-    theirs = tokenizer(sources, text_target=targets)
+    task, tokenizer, theirs = task_and_tokenizer(nllb_dir, pairs_tsv, "eng_Latn", "fra_Latn")
     assert [ids + [EOS] for ids in task.train_source] == theirs["input_ids"]
     assert [ids + [EOS] for ids in task.train_target] == theirs["labels"]
     assert all(ids[0] == tokenizer.convert_tokens_to_ids("fra_Latn") for ids in theirs["labels"])
@@ -87,32 +93,41 @@ def _hf_translations(directory, sentences, *, src: str, tgt: str):
     return outputs
 
 
-def test_fine_tuned_run_keeps_its_language_pair(nllb_dir, pairs_tsv, tmp_path, monkeypatch,
-                                                 capsys):
+def fine_tune(monkeypatch, init, pairs_tsv, out, src: str, tgt: str, model_type: str
+              ) -> list[dict]:
+    """``aiayn train translation --init INIT --src-lang SRC --tgt-lang TGT`` on the pairs, a short
+    run that validates with 2 translated sentences; checks that it trained and saved its pair.
+    Returns the keyword arguments of each ``translate_ids`` call its validation made."""
     import aiayn.tasks.translate as translate_module
 
-    forced_seen = []
+    seen = []
     plain = translate_module.translate_ids
 
-    def recording(*args, **kwargs):  # what the run's validation decodes with
-        forced_seen.append(list(kwargs.get("forced", ())))
+    def recording(*args, **kwargs):
+        seen.append(kwargs)
         return plain(*args, **kwargs)
 
     monkeypatch.setattr(translate_module, "translate_ids", recording)
-    out = tmp_path / "run"
-    assert main(["train", "translation", "--data", str(pairs_tsv), "--out", str(out),
-                 "--init", str(nllb_dir), "--src-lang", "eng_Latn", "--tgt-lang", "fra_Latn",
-                 "--valid-bleu-sentences", "2", "--lr-factor", "5", *FAST]) == 0
+    assert main(["train", "translation", "--data", str(pairs_tsv), "--out", str(out), "--init",
+                 str(init), "--src-lang", src, "--tgt-lang", tgt, "--valid-bleu-sentences", "2",
+                 "--lr-factor", "5", *FAST]) == 0
     monkeypatch.setattr(translate_module, "translate_ids", plain)
-    fra = transformers.AutoTokenizer.from_pretrained(nllb_dir).convert_tokens_to_ids("fra_Latn")
-    assert forced_seen and all(forced == [fra] for forced in forced_seen)
     info = json.loads((out / "run.json").read_text())
-    assert info["assets"]["languages"] == {"src_lang": "eng_Latn", "tgt_lang": "fra_Latn",
-                                           "model_type": "m2m_100"}
-    start = aiayn.from_pretrained(nllb_dir).state_dict()
+    assert info["assets"]["languages"] == {"src_lang": src, "tgt_lang": tgt,
+                                           "model_type": model_type}
+    start = aiayn.from_pretrained(init).state_dict()
     tuned = load_run(out).model.state_dict()
     assert any(not torch.equal(tuned[name], start[name]) for name in start)  # it trained
+    assert seen
+    return seen
 
+
+def test_fine_tuned_run_keeps_its_language_pair(nllb_dir, pairs_tsv, tmp_path, monkeypatch,
+                                                 capsys):
+    out = tmp_path / "run"
+    seen = fine_tune(monkeypatch, nllb_dir, pairs_tsv, out, "eng_Latn", "fra_Latn", "m2m_100")
+    fra = transformers.AutoTokenizer.from_pretrained(nllb_dir).convert_tokens_to_ids("fra_Latn")
+    assert all(list(kwargs.get("forced", ())) == [fra] for kwargs in seen)
     exported = export(out, tmp_path / "exported")
     result = run_cli("translate", str(out), "--beam", "1", "--threads", "1",
                      stdin="".join(s + "\n" for s in SENTENCES))
