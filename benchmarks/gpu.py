@@ -42,8 +42,8 @@ import platform
 import sys
 import time
 import traceback
-from functools import partial
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch

@@ -65,14 +65,11 @@ def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_si
                         bos_id=config.bos_id, eos_id=config.eos_id, source_suffix=source_suffix)
         source = batch.source.to(device)
         mask = source != config.pad_id
-        options = {"forced": list(forced)} if forced else {}
-        if start is not None:
-            options["start"] = start
+        options = dict(max_extra=max_extra, forced=list(forced), start=start)
         if beam_size == 1:
-            hypotheses = greedy(source, mask, max_extra=max_extra, **options)
+            hypotheses = greedy(source, mask, **options)
         else:
-            hypotheses = beam(source, mask, beam_size=beam_size, alpha=alpha, max_extra=max_extra,
-                              **options)
+            hypotheses = beam(source, mask, beam_size=beam_size, alpha=alpha, **options)
         for index, hypothesis in zip(indices, hypotheses):
             outputs[index] = hypothesis.tokens
     return outputs

@@ -193,8 +193,9 @@ class Subject:
 
     def _language_example(self, text: str, target: str | None) -> Example:
         """``example`` for a language pair: the source with its codes (a prefix, or a suffix after
-        </s>), the decoder input from the pair's start symbol and forced codes."""
-        from aiayn.decoding.greedy import greedy_search
+        </s>), the decoder input from the pair's start symbol and forced codes; without a target,
+        ``aiayn translate``'s greedy translation (``translate_ids``)."""
+        from aiayn.tasks.translate import language_options, translate_ids
 
         config, pair = self.model.config, self.translation.language_ids
         (tokens,) = self.translation.encode([text])
@@ -203,12 +204,10 @@ class Subject:
         source = tokens + [config.eos_id, *pair.source_suffix]
         start = config.decoder_start_id if pair.decoder_start is None else pair.decoder_start
         if target is None:
-            ids = torch.tensor([source], dtype=torch.long)  # (1, S)
-            real = torch.ones_like(ids, dtype=torch.bool)
             with torch.inference_mode():
-                (hypothesis,) = greedy_search(self.model, ids, real, forced=list(pair.forced),
-                                              start=pair.decoder_start)
-            target_ids = [start, *pair.forced] + hypothesis.tokens  # tokens exclude </s>
+                (translation,) = translate_ids(self.model, [tokens], beam_size=1,
+                                               **language_options(self.translation))
+            target_ids = [start, *pair.forced] + translation  # the translation excludes </s>
         else:
             target_ids = [start] + self.translation.encode_targets([target])[0]
         return Example(source, self._labels(source), target_ids, self._labels(target_ids))
