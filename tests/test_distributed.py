@@ -22,7 +22,7 @@ from aiayn.training.checkpoint import list_checkpoints
 from aiayn.training.distributed import Parallel
 from aiayn.training.layer_wrappers import transformer_layers
 from aiayn.training.process_group import process_group_from_env
-from aiayn.training.weights import read_tensors
+from aiayn.training.weights import average_checkpoints, read_tensors
 
 PAD = 0
 
@@ -254,6 +254,41 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path, re
     info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     assert info["training_config"]["distributed"] == strategy
     assert len(_losses(run_dir)) == 4  # rank 0 alone wrote the log, once per step
+
+
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=NEEDS_FSDP2)])
+@pytest.mark.parametrize("metric", [None, "loss"])
+def test_checkpoint_averaging_with_two_processes_equals_one_process(tmp_path, strategy, metric):
+    """average_last under DDP (rank 0 evaluates the average) and FSDP (every rank loads its shard
+    of the average and evaluates): the same averaged score, the same published model and the same
+    choice of it as one process with the same global batch."""
+    changes = dict(steps=6, eval_every=2, save_every=2, keep_last=0, average_last=2,
+                   best_metric=metric)
+    _single(tmp_path / "single", accumulation=4, **changes)
+    codes, errors = _launch(tmp_path / "run", config={"accumulation": 2, "distributed": strategy,
+                                                      **changes})
+    assert codes == [0, 0], errors
+
+    def outcome(run_dir):
+        records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text(
+            encoding="utf-8").splitlines()]
+        averaged = [r for r in records if r["split"] == "valid_averaged"]
+        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        return averaged, info["weights_source"], read_tensors(run_dir / "model.safetensors")
+
+    (ours, source, weights), (theirs, their_source, their_weights) = (
+        outcome(tmp_path / "run"), outcome(tmp_path / "single"))
+    assert len(ours) == 1 and ours[0]["checkpoints"] == 2
+    assert ours[0]["loss"] == pytest.approx(theirs[0]["loss"], rel=1e-5)
+    assert source == their_source
+    if metric is None:  # the run's model is the average of its own last two checkpoints
+        assert source == "average of 2@6"
+        average = average_checkpoints(list_checkpoints(tmp_path / "run" / "checkpoints")[-2:])
+        for name in average:
+            torch.testing.assert_close(weights[name], average[name], rtol=0, atol=0, msg=name)
+    for name in their_weights:
+        torch.testing.assert_close(weights[name], their_weights[name], rtol=1e-4, atol=1e-5,
+                                   msg=name)
 
 
 @NEEDS_FSDP2

@@ -453,6 +453,35 @@ def test_average_last_and_best_pick_the_run_model(tmp_path):
     assert any(r["split"] == "valid_averaged" for r in records)
 
 
+@pytest.mark.parametrize("metric", [None, "loss"])
+def test_the_average_is_the_run_model_without_a_metric_and_the_model_keeps_its_weights(
+        tmp_path, metric):
+    """With no best_metric the run's model is the average of the last checkpoints (paper 6.1),
+    not the final weights; with one, the better of the two. Either way the trained model ends
+    holding its final weights, not the average it was evaluated with."""
+    model, _ = run(tmp_path, "a", ReverseTask(), training_config(
+        steps=6, save_every=2, eval_every=2, keep_last=0, average_last=3, best_metric=metric))
+    checkpoints = list_checkpoints(tmp_path / "a" / "checkpoints")
+    average, final = average_checkpoints(checkpoints[-3:]), read_tensors(
+        checkpoints[-1] / "model.safetensors")
+    assert not all(torch.equal(average[name], final[name]) for name in final)
+    for name, value in model.state_dict().items():
+        if name in final:
+            torch.testing.assert_close(value, final[name], rtol=0, atol=0, msg=name)
+    info = json.loads((tmp_path / "a" / "run.json").read_text())
+    published = read_tensors(tmp_path / "a" / "model.safetensors")
+    records = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    averaged_loss = next(r["loss"] for r in records if r["split"] == "valid_averaged")
+    best_loss = min(r["loss"] for r in records if r["split"] == "valid")
+    if metric is None or averaged_loss < best_loss:
+        assert info["weights_source"] == "average of 3@6"
+        assert info["weights_metrics"]["loss"] == averaged_loss
+        for name in average:
+            torch.testing.assert_close(published[name], average[name], rtol=0, atol=0, msg=name)
+    else:
+        assert info["weights_source"].startswith("best@")
+
+
 def test_a_resumed_run_keeps_published_weights_better_than_its_checkpoints(tmp_path):
     """The checkpoint average is published after the last checkpoint is written, so no checkpoint
     records its score: a resumed run must still beat it before replacing the run's model."""

@@ -147,11 +147,12 @@ def test_the_recipe_follows_the_training_device(device, cuda_available, expected
     assert (given.steps, given.average_last, given.autocast, given.eval_every) == (
         7, 0, "none", CUDA_RECIPE["eval_every"])
 
-    # FSDP: the trainer cannot average sharded checkpoints, so the recipe does not ask it to.
+    # FSDP: the same recipe, checkpoint averaging included (every rank evaluates the average).
     sharded = build_parser().parse_args(command + ["--device", "cuda", "--distributed", "fsdp"])
     apply_recipe(sharded)
-    assert sharded.average_last == 0 and sharded.steps == CUDA_RECIPE["steps"]
-    training_config_from_args(sharded, 128)
+    assert (sharded.average_last, sharded.steps) == (CUDA_RECIPE["average_last"],
+                                                     CUDA_RECIPE["steps"])
+    assert training_config_from_args(sharded, 128).average_last == CUDA_RECIPE["average_last"]
 
 
 def test_the_help_gives_both_recipes(capsys):

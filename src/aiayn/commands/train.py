@@ -165,9 +165,12 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        "package: pip install 'aiayn[tensorboard]'); log.jsonl is always written")
     group.add_argument("--keep-last", type=non_negative_int, default=5, help="checkpoints kept (0: all)")
     group.add_argument("--average-last", type=non_negative_int, default=0,
-                       help="average the last K checkpoints at the end (paper 6.1: 5)")
+                       help="average the last K checkpoints at the end (paper 6.1: 5); the "
+                       "average is the run's model if it scores better (with --best-metric none, "
+                       "always)")
     group.add_argument("--best-metric", default="loss",
-                       help="validation metric that picks the run's model ('none': final)")
+                       help="validation metric that picks the run's model ('none': final, or "
+                       "the average of --average-last)")
     group.add_argument("--best-mode", choices=("min", "max"), default="min")
 
 

@@ -64,16 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def apply_recipe(args: argparse.Namespace) -> dict[str, Any]:
     """Fill each recipe setting the command line left unset: ``CUDA_RECIPE`` when training runs
-    on a CUDA device, else ``CPU_RECIPE``; under ``--distributed fsdp`` no checkpoint averaging
-    (the trainer cannot average sharded checkpoints). Returns the settings applied."""
+    on a CUDA device, else ``CPU_RECIPE``. Returns the settings applied."""
     import torch
 
     from aiayn.training.devices import default_device
 
     cuda = torch.device(default_device(args.device)).type == "cuda"
     recipe = CUDA_RECIPE if cuda else CPU_RECIPE
-    if getattr(args, "distributed", None) == "fsdp":
-        recipe = {**recipe, "average_last": 0}
     fill_unset(args, recipe)
     return recipe
 

@@ -31,9 +31,10 @@ class TrainingConfig:
         eval_every / save_every / log_every: in steps (0: only at the end).
         keep_last: checkpoints kept on disk (older ones are deleted); 0 keeps all.
         average_last: at the end, average the weights of the last K checkpoints (paper 6.1: 5) and
-            keep the average as the run's model if it scores better on ``best_metric``.
+            keep the average as the run's model if it scores better on ``best_metric`` (with no
+            ``best_metric``, always: the paper's model). Under FSDP too: every rank evaluates it.
         best_metric / best_mode: the validation metric that picks the run's model ("min" | "max");
-            None: the final weights.
+            None: the final weights, or their average with ``average_last``.
         seed: torch/Python/NumPy seed for initialisation and dropout.
         nonfinite: what a non-finite (inf/NaN) loss or gradient does. "skip": that update is not
             applied (weights and optimizer state stay as they were), the step is logged

@@ -43,6 +43,7 @@ from torch import distributed as dist
 from aiayn.training.layer_wrappers import (apply_activation_checkpointing, compile_layers,
                                            transformer_layers)
 from aiayn.training.rank_agreement import check_agreement
+from aiayn.training.weights import assign_weights
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -141,6 +142,26 @@ class Parallel:
             return self.model
         self._shadow.load_state_dict(state)
         return self._shadow
+
+    def load_full_weights(self, tensors: dict[str, Tensor] | None, *, source: str) -> None:
+        """Assign full weights (safetensors names, as ``assign_weights`` takes them) to the model
+        being trained. Under FSDP a collective: rank 0 passes the weights, the other ranks None,
+        and each rank keeps its shard of them; rank 0's ``full_model`` holds them too."""
+        if self.strategy != "fsdp":
+            assign_weights(self.module, tensors, source=source)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in self.model.modules():  # the root keeps its parameters whole after an
+            if isinstance(module, FSDPModule):  # evaluation's forward: shard them to load shards
+                module.reshard()
+        state: dict[str, Tensor] = {}
+        if self.main:  # every name of a tied matrix, as the sharded model's state_dict has them
+            assign_weights(self._shadow, tensors, source=source)
+            state = self._shadow.state_dict()
+        set_model_state_dict(self.model, state, options=StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True))
 
     # -- optimizer state -------------------------------------------------------------------------
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

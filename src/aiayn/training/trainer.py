@@ -40,7 +40,7 @@ from aiayn.training.task import Task
 from aiayn.training.trainer_state import (capture_rng, optimizer_from_tensors,
                                           optimizer_to_tensors, restore_rng, seed_all)
 from aiayn.training.validation import check_best_metric, evaluate_model, is_better
-from aiayn.training.weights import assign_weights, average_checkpoints, load_weights
+from aiayn.training.weights import average_checkpoints, load_weights
 
 
 def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | Path, *,
@@ -102,10 +102,6 @@ class Trainer:
         if self.main:  # what a killed writer left behind (never a finished file)
             remove_temporaries(self.run_dir)
             remove_temporaries(self.checkpoint_dir)
-        if self.parallel.strategy == "fsdp" and config.average_last:
-            raise ValueError("average_last is not supported with distributed='fsdp' (it evaluates "
-                             "the averaged weights on rank 0 alone); average the checkpoints "
-                             "afterwards")
         # Every rank must train the same thing from the same place: compare digests before any
         # write.
         self.parallel.check_agreement({
@@ -366,31 +362,43 @@ class Trainer:
                 (self.checkpoint_dir / f"step-{step}").is_dir()):
             self.save()
         final_model = self.parallel.full_model()  # the plain module; gathered to rank 0 under FSDP
+        averaged = bool(self.config.average_last) and self._publish_average(final_model)
         if self.main:
-            if self.config.average_last:
-                self._publish_average(final_model)
-            if self.config.best_metric is None or not (self.run_dir / WEIGHTS_FILE).is_file():
+            if not averaged and (self.config.best_metric is None
+                                 or not (self.run_dir / WEIGHTS_FILE).is_file()):
                 publish_weights(self.run_dir, final_model, f"final@{step}", self.metrics)
             update_run_info(self.run_dir, {"final_metrics": self.metrics, "steps_done": step,
                                            "best": self.best})
         return {**self.metrics, "step": step}
 
-    def _publish_average(self, final_model: nn.Module) -> None:
+    def _publish_average(self, final_model: nn.Module) -> bool:
         """Evaluate the mean of the last ``average_last`` checkpoints (paper 6.1) and publish it if
-        it beats the best weights; ``final_model`` keeps its own weights."""
-        recent = list_checkpoints(self.checkpoint_dir)[-self.config.average_last:]
-        final_state = {k: v.detach().clone() for k, v in final_model.state_dict().items()}
-        assign_weights(final_model, average_checkpoints(recent), source="checkpoint average")
+        it beats the best weights, or, with no ``best_metric``, as the run's model (the paper's
+        choice); return whether it was published. ``final_model`` (``Parallel.full_model``'s) and
+        the model trained keep their own weights. Under FSDP every rank joins (the average is
+        evaluated sharded, as every evaluation is); otherwise rank 0 alone."""
+        if not (self.main or self.parallel.strategy == "fsdp"):
+            return False
+        recent, final_state, averaged = [], None, None
+        if self.main:  # rank 0 reads the checkpoints; under FSDP the others get their shards
+            recent = list_checkpoints(self.checkpoint_dir)[-self.config.average_last:]
+            final_state = {k: v.detach().clone() for k, v in final_model.state_dict().items()}
+            averaged = average_checkpoints(recent)
+        self.parallel.load_full_weights(averaged, source="checkpoint average")
         metric = self.config.best_metric
-        averaged = evaluate_model(final_model, self.task, metric)
-        self.log.write({"step": self.steps_done, "split": "valid_averaged",
-                        "checkpoints": len(recent), **averaged})
-        if metric is None or is_better(averaged[metric], self.best, self.config.best_mode):
-            self.best = averaged.get(metric) if metric else None
-            self.metrics = averaged
-            publish_weights(self.run_dir, final_model,
-                            f"average of {len(recent)}@{self.steps_done}", averaged)
-        final_model.load_state_dict(final_state)
+        metrics = evaluate_model(self.parallel.eval_model, self.task, metric)
+        better = metric is None or is_better(metrics[metric], self.best, self.config.best_mode)
+        if better:
+            self.best = metrics.get(metric) if metric else None
+            self.metrics = metrics
+        if self.main:
+            self.log.write({"step": self.steps_done, "split": "valid_averaged",
+                            "checkpoints": len(recent), **metrics})
+            if better:  # rank 0's final_model holds the average now
+                publish_weights(self.run_dir, final_model,
+                                f"average of {len(recent)}@{self.steps_done}", metrics)
+        self.parallel.load_full_weights(final_state, source="final weights")
+        return better
 
     def close(self) -> None:
         """Close the progress bar and the log (also after an error)."""
