@@ -48,8 +48,11 @@ class TinyLMTask:
     name = "lm"
 
     def __init__(self, *, seed=0, batches=7, fail_rank=None, fail_at=None, lm_loss=False,
-                 translation=False, masked=False):
+                 translation=False, masked=False, overflow_batch=None):
         self.seed, self.batches = seed, batches
+        # The loss of this batch of epoch 0 is multiplied by 1e10: its fp16 gradients overflow.
+        self.overflow = (None if overflow_batch is None
+                         else list(self.train_batches(0))[overflow_batch])
         self.fail_rank, self.fail_at, self.calls = fail_rank, fail_at, 0
         self.lm_loss = lm_loss  # aiayn's LM loss (on the CPU: hidden_states + chunked loss)
         # An encoder-decoder Transformer under the translation task's loss: the source is the
@@ -85,6 +88,13 @@ class TinyLMTask:
         rank = int(os.environ.get("RANK", "0"))
         if self.fail_at is not None and self.calls == self.fail_at and rank == self.fail_rank:
             raise RuntimeError(f"simulated failure on rank {rank}")
+        if self.overflow is not None and batch.shape == self.overflow.shape \
+                and torch.equal(batch, self.overflow):
+            self.overflow = None  # once
+            return self.unscaled_loss(model, batch) * 1e10
+        return self.unscaled_loss(model, batch)
+
+    def unscaled_loss(self, model, batch):
         if self.masked:
             from aiayn.tasks.masked_lm import masked_lm_loss
 
@@ -553,3 +563,20 @@ def test_torchrun_runs_the_train_command(tmp_path):
     assert len(reports) == 1 and json.loads(reports[0])["step"] == 3  # rank 0 reports alone
     assert [p.name for p in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step-3"]
     assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+@NEEDS_FSDP2
+def test_fp16_with_a_gradient_scaler_under_fsdp_equals_one_process(tmp_path):
+    """fp16 autocast's gradient scaler under FSDP, each rank holding a shard of the gradients:
+    step 2's batch 5 (rank 1's alone with 2 processes) overflows, and every rank skips that step
+    and halves the scale, as one process does; the run equals one process's."""
+    task = {"overflow_batch": 5}
+    _single(tmp_path / "single", task=task, accumulation=4, autocast="fp16")
+    codes, errors = _launch(tmp_path / "run", config={"accumulation": 2, "distributed": "fsdp",
+                                                      "autocast": "fp16"}, task=task)
+    assert codes == [0, 0], errors
+    _assert_same_run(tmp_path / "run", tmp_path / "single")
+    for run_dir in (tmp_path / "run", tmp_path / "single"):
+        states = [json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+                  for path in list_checkpoints(run_dir / "checkpoints")]
+        assert [state["scaler"]["scale"] for state in states] == [2.0 ** 15] * 2
