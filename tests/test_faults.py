@@ -379,6 +379,51 @@ def test_nonfinite_raise_names_the_step_and_writes_nothing_after_it(tmp_path):
     assert not (tmp_path / "a" / "model.safetensors").exists()
 
 
+class PoisonedGradient(ReverseTask):
+    """At chosen steps the loss stays finite and the gradient is NaN: 0 * sqrt(0)' = 0 * inf."""
+
+    def __init__(self, bad_steps, **kwargs):
+        super().__init__(**kwargs)
+        self.bad_steps = set(bad_steps)
+
+    def loss(self, model, batch):
+        loss = super().loss(model, batch)
+        if self.calls in self.bad_steps:
+            loss = loss + 0.0 * torch.sqrt(next(model.parameters()).sum() * 0.0)
+        return loss
+
+
+@pytest.mark.parametrize("steps, bad", [(5, 2), (3, 3)])
+def test_nonfinite_raise_catches_a_nan_gradient_without_clipping_or_a_log_step(tmp_path, steps,
+                                                                               bad):
+    """No clipping and no log step at the bad step (log_every 10): "raise" still judges that
+    step's gradient, names it, and saves nothing after it; on the last step too, where the
+    finished run would otherwise publish NaN weights."""
+    config = training_config(steps=steps, clip_norm=None, log_every=10, save_every=1,
+                             keep_last=0, nonfinite="raise")
+    with pytest.raises(ValueError, match=f"non-finite training loss or gradient at step {bad}$"):
+        train(Transformer(tiny_config()), PoisonedGradient({bad}), config, tmp_path / "a")
+    assert [p.name for p in list_checkpoints(tmp_path / "a" / "checkpoints")] == [
+        f"step-{n}" for n in range(1, bad)]
+    assert not (tmp_path / "a" / "model.safetensors").exists()
+
+
+def test_the_last_train_record_has_its_own_steps_gradient_norm(tmp_path):
+    """The record logged at the last step (not a multiple of log_every) holds that step's norm,
+    as the run with "skip" (the same updates) has it, not the previous log step's."""
+    norms = {}
+    for policy in ("skip", "raise"):
+        torch.manual_seed(0)
+        train(Transformer(tiny_config()), ReverseTask(), training_config(
+            steps=5, clip_norm=None, log_every=3, nonfinite=policy), tmp_path / policy)
+        records = [json.loads(x) for x in (tmp_path / policy / "log.jsonl").read_text()
+                   .splitlines()]
+        norms[policy] = [(r["step"], r["grad_norm"]) for r in records if "grad_norm" in r]
+    assert [step for step, _ in norms["raise"]] == [3, 5]
+    assert norms["raise"] == norms["skip"]
+    assert norms["raise"][0][1] != norms["raise"][1][1]
+
+
 def test_nonfinite_policy_on_the_command_line(tmp_path, capsys):
     """--nonfinite is documented in --help; a learning rate that blows the weights up is stopped
     with the step (raise) or trained through with skipped updates (skip), never saved as NaN."""

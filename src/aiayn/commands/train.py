@@ -131,7 +131,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="noam: multiplies d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
     group.add_argument("--lr", type=float, default=1e-3,
                        help="peak learning rate (warmup_cosine, constant)")
-    group.add_argument("--min-lr", type=float, default=0.0, help="warmup_cosine floor")
+    group.add_argument("--min-lr", type=float, default=None,
+                       help="warmup_cosine floor (unset: the task's recipe's, 0 without one; a "
+                       "recipe's floor above a lower --lr is scaled with it, keeping the "
+                       "recipe's floor-to-peak ratio)")
     group.add_argument("--accumulation", type=positive_int, default=1,
                        help="micro-batches per update (gradient normalised by their tokens)")
     group.add_argument("--clip-norm", type=float, default=None, help="gradient norm clipping")
@@ -180,17 +183,23 @@ def describe_recipes(parser: argparse.ArgumentParser, recipes: dict[str, dict[st
     names = set().union(*(recipe.keys() for recipe in recipes.values()))
     for action in parser._actions:
         if action.dest in names:
-            defaults = ", ".join(f"{recipe[action.dest]} {when}" for when, recipe in recipes.items())
+            defaults = ", ".join(f"{recipe[action.dest]} {when}".rstrip()
+                                 for when, recipe in recipes.items())
             text = f"{action.help or ''} (default: {defaults})".lstrip(" ")
             # %% for argparse; the zero-width %(default) keeps it from adding "(default: None)"
             action.help = text.replace("%", "%%") + "%(default).0s"
 
 
 def fill_unset(args: argparse.Namespace, recipe: dict[str, Any]) -> None:
-    """Give each of ``recipe``'s settings that the command line left unset (None) its value."""
-    for name, value in recipe.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
+    """Give each of ``recipe``'s settings that the command line left unset (None) its value. A
+    recipe's cosine floor (``min_lr``) above a peak ``lr`` the command line set lower (``--lr 5e-5``
+    to fine-tune) becomes ``lr`` times the recipe's floor-to-peak ratio: the rate decays as the
+    recipe's does instead of climbing to the floor."""
+    unset = [name for name in recipe if getattr(args, name, None) is None]
+    for name in unset:
+        setattr(args, name, recipe[name])
+    if "min_lr" in unset and "lr" in recipe and "lr" not in unset and args.lr < args.min_lr:
+        args.min_lr = args.lr * recipe["min_lr"] / recipe["lr"]
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -279,7 +288,8 @@ def training_config_from_args(args: argparse.Namespace, d_model: int):
     preset_defaults(args)
     device = default_device(args.device)
     schedule = Schedule(kind=args.schedule, d_model=d_model, warmup=args.warmup,
-                        factor=args.lr_factor, peak=args.lr, total=args.steps, floor=args.min_lr)
+                        factor=args.lr_factor, peak=args.lr, total=args.steps,
+                        floor=args.min_lr if args.min_lr is not None else 0.0)
     best = None if args.best_metric in (None, "none") else args.best_metric
     return TrainingConfig(
         steps=args.steps, optimizer=args.optimizer, betas=tuple(args.betas), eps=args.adam_eps,

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aiayn.commands.train import describe_recipes, fill_unset
+
 # Training defaults for the ViT (the shared defaults are the paper's translation settings): AdamW
 # (0.9, 0.999) with warm-up + cosine decay, weight decay and clipping at norm 1, near the ViT
 # paper's recipe (appendix B.1); the run keeps the checkpoint with the best validation accuracy.
@@ -20,11 +22,15 @@ DEFAULTS = dict(preset="vit-digits", steps=1500, optimizer="adamw", betas=(0.9, 
                 min_lr=1e-5, clip_norm=1.0, eval_every=100, save_every=500, log_every=50,
                 keep_last=2, best_metric="accuracy", best_mode="max")
 
+# The peak and floor of the cosine, filled after parsing so that a lower --lr scales the floor.
+SCHEDULE_RECIPE = {name: DEFAULTS[name] for name in ("lr", "min_lr")}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from aiayn.data.images import DIGITS, DIGITS_SPLIT
 
-    parser.set_defaults(**DEFAULTS)
+    parser.set_defaults(**{**DEFAULTS, **dict.fromkeys(SCHEDULE_RECIPE)})  # preset_defaults
+    describe_recipes(parser, {"": SCHEDULE_RECIPE})
     group = parser.add_argument_group("image data")
     group.add_argument("--data", default=DIGITS, metavar="DIR",
                        help=f"a folder with one sub-folder of images per class (read with "
@@ -38,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="seed of the stratified split")
     group.add_argument("--batch-size", type=int, default=64, help="images per batch")
     group.add_argument("--label-smoothing", type=float, default=0.0)
+
+
+def preset_defaults(args: argparse.Namespace) -> None:
+    """--lr and --min-lr from the recipe where the command line gives none (``fill_unset``)."""
+    fill_unset(args, SCHEDULE_RECIPE)
 
 
 def make_task(args: argparse.Namespace):

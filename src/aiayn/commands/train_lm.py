@@ -64,8 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--init", default=None, metavar="DIR",
                        help="fine-tune a pretrained model: an aiayn lm run or a Hugging Face "
                             "GPT-2, Llama, Mistral, Qwen or Gemma checkpoint directory (its "
-                            "tokenizer is kept; --preset is ignored, --set applies; the context is "
-                            "the checkpoint's unless --block-size)")
+                            "tokenizer is kept; the model is the checkpoint's, --set applies, "
+                            "--preset only picks the training recipe, so give a fine-tuning --lr; "
+                            "the context is the checkpoint's unless --block-size)")
     # nanoGPT's shakespeare_char recipe with the CPU overrides of its README ("baby GPT"); the
     # options left None here come from the preset's recipe (preset_defaults).
     parser.set_defaults(preset="char-gpt", optimizer="adamw", adam_eps=1e-8, weight_decay=0.1,
@@ -92,9 +93,9 @@ def recipe(preset: str) -> dict[str, Any]:
 def preset_defaults(args: argparse.Namespace) -> None:
     """Set the recipe options left unset (None) to the preset's (``aiayn.commands.train`` calls
     this before the task and the training config are made)."""
-    for option, value in recipe(args.preset).items():
-        if getattr(args, option) is None:
-            setattr(args, option, value)
+    from aiayn.commands.train import fill_unset
+
+    fill_unset(args, recipe(args.preset))
 
 
 def make_task(args: argparse.Namespace):

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aiayn.commands.train import describe_recipes, fill_unset
+
 DEFAULTS = dict(preset="encoder-small", steps=2000, optimizer="adamw", betas=(0.9, 0.999),
                 adam_eps=1e-8, weight_decay=0.01, schedule="warmup_cosine", warmup=100, lr=1e-3,
                 min_lr=1e-5, clip_norm=1.0, eval_every=250, save_every=250, keep_last=2,
@@ -22,9 +24,13 @@ DEFAULTS = dict(preset="encoder-small", steps=2000, optimizer="adamw", betas=(0.
 # `aiayn evaluate` scores every text of the file (its only split).
 EVALUATION_SPLIT = "all"
 
+# The peak and floor of the cosine, filled after parsing so that a lower --lr scales the floor.
+SCHEDULE_RECIPE = {name: DEFAULTS[name] for name in ("lr", "min_lr")}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(**DEFAULTS)
+    parser.set_defaults(**{**DEFAULTS, **dict.fromkeys(SCHEDULE_RECIPE)})  # preset_defaults
+    describe_recipes(parser, {"": SCHEDULE_RECIPE})
     group = parser.add_argument_group("masked-LM data")
     group.add_argument("--data", required=True, metavar="TEXT",
                        help="UTF-8 text, one text per line (.gz allowed; a .tsv uses its 'text' "
@@ -47,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="with --exclude-held-out: the classifier's valid and test fractions")
     group.add_argument("--split-seed", type=int, default=0,
                        help="with --exclude-held-out: the classifier's split seed")
+
+
+def preset_defaults(args: argparse.Namespace) -> None:
+    """--lr and --min-lr from the recipe where the command line gives none (``fill_unset``)."""
+    fill_unset(args, SCHEDULE_RECIPE)
 
 
 def make_task(args: argparse.Namespace):

@@ -35,7 +35,9 @@ class TrainingConfig:
             ``best_metric``, always: the paper's model). Under FSDP too: every rank evaluates it.
         best_metric / best_mode: the validation metric that picks the run's model ("min" | "max");
             None: the final weights, or their average with ``average_last``.
-        seed: torch/Python/NumPy seed for initialisation and dropout.
+        seed: the torch/Python/NumPy seed ``train`` sets before its first step (dropout). The
+            model comes built, so its initialisation is the caller's: ``aiayn train`` seeds
+            with this value before building it; in Python, call ``torch.manual_seed`` first.
         nonfinite: what a non-finite (inf/NaN) loss or gradient does. "skip": that update is not
             applied (weights and optimizer state stay as they were), the step is logged
             (``"nonfinite": "skipped"``) and counted in ``skipped``. "raise": training stops

@@ -72,6 +72,9 @@ class Schedule:
                 raise ValueError(f"schedule {name} must be positive, got {value!r}")
         if not isinstance(self.floor, (int, float)) or self.floor < 0:
             raise ValueError(f"schedule floor must be non-negative, got {self.floor!r}")
+        if self.kind == "warmup_cosine" and self.floor > self.peak:
+            raise ValueError(f"schedule floor {self.floor!r} is above its peak {self.peak!r}: the "
+                             f"cosine would climb to it (give a floor at most the peak)")
 
     def __call__(self, step: int) -> float:
         if self.kind == "noam":

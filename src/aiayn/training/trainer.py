@@ -152,7 +152,7 @@ class Trainer:
                           if config.tensorboard else None)
         self.batches = BatchStream(task, epoch, batch_index)
         self.first_nonfinite = torch.zeros((), dtype=torch.long, device=self.device)  # 0: none
-        self.grad_norm = torch.zeros((), device=self.device)  # the last one computed
+        self.grad_norm = torch.zeros((), device=self.device)  # the last step's
         self.lr = 0.0  # the last step's
         # What log_train reports: the loss and units since the last log, and the clocks.
         self.window_loss = torch.zeros((), device=self.device, dtype=torch.float64)
@@ -256,13 +256,11 @@ class Trainer:
             group["lr"] = self.lr * group.get("lr_scale", 1.0)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        norm_now = config.clip_norm is not None or config.nonfinite == "skip" \
-            or step % config.log_every == 0
-        if norm_now:
-            self.grad_norm = parallel.grad_norm(self.parameters, config.clip_norm)
+        # Every step (on the device, no sync): "skip" and "raise" both judge each step by it.
+        self.grad_norm = parallel.grad_norm(self.parameters, config.clip_norm)
         if config.nonfinite == "raise":  # tracked on the device: no sync here
             finite = torch.isfinite(step_loss)
-            if norm_now and self.scaler is None:  # fp16: the scaler handles inf gradients itself
+            if self.scaler is None:  # fp16: the scaler handles inf gradients itself
                 finite = finite & torch.isfinite(self.grad_norm)
             self.first_nonfinite = torch.where((self.first_nonfinite == 0) & ~finite,
                                                torch.full_like(self.first_nonfinite, step),
