@@ -291,6 +291,19 @@ cli("data-translation-evaluate-bad-file",
                str(c.file("f.tsv", "a b\tc d\nno tab\n"))], "f.tsv:2")
 cli("data-mlm-evaluate-missing-file",
     lambda c: ["evaluate", str(c.run("mlm")), "--data", str(c.tmp / "gone.txt")], "gone.txt")
+# Options a command would otherwise drop without a word
+for task in ("lm", "mlm"):
+    cli(f"option-{task}-evaluate-output",
+        lambda c, t=task: ["evaluate", str(c.run(t)), "--data", str(c.file("t.txt", "All the\n")),
+                           "--output", str(c.out("outputs.txt"))],
+        "--output writes a translation", f"a '{task}' run's evaluation has only scores")
+cli("option-lm-evaluate-two-files",
+    lambda c: ["evaluate", str(c.run("lm")), "--data", str(c.file("a.txt", "All the\n")),
+               str(c.file("b.txt", "the All\n"))], "one text file", "got 2 paths")
+cli("option-generate-greedy-with-sampling",
+    lambda c: ["generate", str(c.run("lm")), "--prompt", "All", "--greedy", "--top-k", "5",
+               "--temperature", "0.7"],
+    "--greedy always picks the likeliest token, so --temperature, --top-k would do nothing")
 
 
 # --- configuration -----------------------------------------------------------------------------------

@@ -68,7 +68,9 @@ def copy_with(directory, tmp_path, **generation) -> str:
 def test_generation_settings_read_as_transformers_reads_them(qwen, tmp_path):
     directory = copy_with(qwen, tmp_path, eos_token_id=[5, 7, 9], do_sample=True,
                           temperature=0.7, top_k=20, top_p=0.8, min_p=0.05,
-                          repetition_penalty=1.05, no_repeat_ngram_size=3)
+                          repetition_penalty=1.05, no_repeat_ngram_size=3,
+                          suppress_tokens=[5], min_new_tokens=6, bad_words_ids=[[3]],
+                          max_length=4096, num_beams=1, pad_token_id=0, output_scores=True)
     ours = read_generation_settings(directory)
     theirs = transformers.GenerationConfig.from_pretrained(directory)
     assert ours.stop_ids == tuple(theirs.eos_token_id) == (5, 7, 9)
@@ -76,7 +78,11 @@ def test_generation_settings_read_as_transformers_reads_them(qwen, tmp_path):
     assert [getattr(ours, name) for name in fields] == [getattr(theirs, name) for name in fields] \
         == [0.7, 20, 0.8, 0.05, 1.05]
     assert ours.sample == theirs.do_sample is True
-    assert ours.unsupported == ("no_repeat_ngram_size=3",)
+    # named: what changes the tokens and aiayn does not apply, whatever transformers calls it;
+    # not: the applied settings, neutral values, the length (--max-new-tokens's) and how
+    # generate returns its output
+    assert set(ours.unsupported) == {"no_repeat_ngram_size=3", "suppress_tokens=[5]",
+                                     "min_new_tokens=6", "bad_words_ids=[[3]]"}
     (tmp_path / "checkpoint" / "generation_config.json").unlink()  # then config.json's eos
     plain = read_generation_settings(directory)
     eos = json.loads((qwen / "config.json").read_text())["eos_token_id"]

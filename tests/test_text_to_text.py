@@ -92,12 +92,25 @@ def test_train_and_evaluate_text_to_text_from_the_command_line(tmp_path, capsys,
         "decoder.position_bias.": 30.0, "generator.": 30.0}
     assert info["assets"]["prefixes"] == {"translation": "translate English to German: ",
                                           "classification": "debian section: "}
+    written = tmp_path / "outputs.txt"
     assert main(["evaluate", str(run_dir), "--data", str(translation), str(classification),
-                 "--beam", "1"]) == 0
+                 "--beam", "1", "--output", str(written)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["translation"]["examples"] == 6 and 0 <= result["translation"]["bleu"] <= 100
     assert result["classification"]["examples"] == 6  # the stratified 10 % test rows
     assert 0 <= result["classification"]["accuracy"] <= 1
+    # --output: the generated texts, file by file, which score to the printed figures
+    from aiayn.commands.train_text_to_text import examples, splits
+    from aiayn.tasks.text_to_text import score_outputs
+
+    lines = written.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 12 + 1 and lines[-1] == ""
+    prefixes = json.loads((run_dir / "run.json").read_text())["assets"]["prefixes"]
+    for kind, path, outputs in (("translation", translation, lines[:6]),
+                                ("classification", classification, lines[6:12])):
+        rows = list(examples(kind, splits(kind, path)["test"], prefixes[kind]))
+        scores = {k: v for k, v in result[kind].items() if k not in ("data", "examples")}
+        assert score_outputs(outputs, rows) == scores
 
     single = tmp_path / "translation-only"
     assert main(["train", "text2text", "--out", str(single), "--tasks", "translation",

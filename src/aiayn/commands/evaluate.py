@@ -42,7 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", type=device_name, default="cpu")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--output", default=None, metavar="PATH",
-                        help="also write the model outputs (one a line) here")
+                        help="also write the model outputs (one a line) here: translations "
+                             "(translation and text2text runs), labels with their probability "
+                             "(classification and image runs)")
     engine.add_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -62,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
     if task != "translation" and (args.src_lang or args.tgt_lang):
         raise ValueError(f"--src-lang / --tgt-lang apply to translation checkpoints, not to a "
                          f"{task!r} directory")
+    if args.output and not getattr(module, "WRITES_OUTPUTS", False):
+        raise ValueError(f"--output writes a translation, text2text, classification or image run's "
+                         f"outputs; a {task!r} run's evaluation has only scores")
     if args.split is None:  # a module's EVALUATION_SPLIT None: it decides from the data
         args.split = getattr(module, "EVALUATION_SPLIT", "test")
     result = module.evaluate(args)

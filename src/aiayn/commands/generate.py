@@ -189,6 +189,12 @@ def check_request(args: argparse.Namespace) -> None:
         if not prompt:
             raise ValueError(f"prompt {number} is empty; leave out --prompt to start from a "
                              f"newline")
+    sampling = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p", "min_p")
+                if getattr(args, name) is not None and not (name == "temperature"
+                                                            and getattr(args, name) == 0)]
+    if args.greedy and sampling:
+        raise ValueError(f"--greedy always picks the likeliest token, so {', '.join(sampling)} "
+                         f"would do nothing: give one or the other")
     generation_config(args, None)  # the options' own values (e.g. --top-p 2) are checked now
     if args.chat is not None:
         check_chat_template(Path(args.run_dir))

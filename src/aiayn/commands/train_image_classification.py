@@ -14,6 +14,8 @@ from typing import Any
 
 from aiayn.commands.train import describe_recipes, fill_unset
 
+WRITES_OUTPUTS = True  # `aiayn evaluate --output`: each image's label and probability, one a line
+
 # Training defaults for the ViT (the shared defaults are the paper's translation settings): AdamW
 # (0.9, 0.999) with warm-up + cosine decay, weight decay and clipping at norm 1, near the ViT
 # paper's recipe (appendix B.1); the run keeps the checkpoint with the best validation accuracy.

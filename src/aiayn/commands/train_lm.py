@@ -135,6 +135,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if args.split not in EVALUATION_SPLITS:
         raise ValueError(f"--split must be one of {', '.join(EVALUATION_SPLITS)} for a language "
                          f"model (plain text has no {args.split!r} split), got {args.split!r}")
+    if len(args.data) != 1:
+        raise ValueError(f"a language model is evaluated on one text file or token directory, "
+                         f"got {len(args.data)} paths")
     run = load_model_dir(args.run_dir, task="lm")
     path = Path(args.data[0])
     device = torch.device(args.device)

@@ -24,6 +24,7 @@ BUNDLED = {"translation": DATA / "ddtp_en_de.tsv.gz",
            "classification": DATA / "debian_sections_topical.tsv.gz"}
 PREFIXES = {"translation": "translate English to German: ", "classification": "debian section: "}
 # the classification command's stratified split (train_classification.py defaults): same test rows
+WRITES_OUTPUTS = True  # `aiayn evaluate --output`: the generated texts, one a line, file by file
 CLASSIFICATION_SPLIT = dict(valid_fraction=0.1, test_fraction=0.1, seed=0)
 
 
@@ -119,8 +120,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Test-split scores of RUN_DIR's model on each ``--data`` file (``--split``; greedy unless
     ``--beam``): BLEU/chrF for translation pairs, accuracy for labelled texts."""
     from aiayn.commands.engine import engine
-    from aiayn.tasks.text_to_text import score_examples
+    from aiayn.tasks.text_to_text import generate_examples, score_outputs
     from aiayn.training import load_run
+    from aiayn.training.checkpoint import atomic_write_bytes
 
     if args.split not in ("train", "valid", "test"):
         raise ValueError(f"--split must be train, valid or test for text2text, got {args.split!r}")
@@ -128,7 +130,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     inference = engine(run.model.to(args.device), args)
     result: dict[str, Any] = {"run_dir": str(args.run_dir), "split": args.split,
                               "beam": args.beam}
-    start = time.perf_counter()
+    start, written = time.perf_counter(), []
     for path in map(Path, args.data):
         kind = kind_of(path)
         if kind not in run.assets.prefixes:
@@ -136,8 +138,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                              f"{sorted(run.assets.prefixes)} only")
         rows = list(examples(kind, splits(kind, path)[args.split], run.assets.prefixes[kind]))
         rows = rows[:args.limit] if args.limit is not None else rows
-        scores = score_examples(inference.model, run.assets.tokenizer, rows, beam_size=args.beam,
-                                alpha=args.alpha, engine=inference)
-        result[kind] = {"data": str(path), "examples": len(rows), **scores}
+        outputs = generate_examples(inference.model, run.assets.tokenizer, rows,
+                                    beam_size=args.beam, alpha=args.alpha, engine=inference)
+        written += outputs
+        result[kind] = {"data": str(path), "examples": len(rows),
+                        **score_outputs(outputs, rows)}
     result["seconds"] = round(time.perf_counter() - start, 2)
+    if args.output:
+        atomic_write_bytes(args.output, "".join(line + "\n" for line in written).encode("utf-8"))
     return result

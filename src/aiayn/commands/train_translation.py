@@ -100,18 +100,18 @@ def make_task(args: argparse.Namespace):
 
 # `aiayn evaluate`'s --split when not given: decided by the data (``evaluate``).
 EVALUATION_SPLIT = None
+WRITES_OUTPUTS = True  # `aiayn evaluate --output`: the translations, one a line
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """BLEU/chrF of RUN_DIR's model on ``args.data``: the rows of ``--split`` (default: test when
     the data has a split column, else every row, e.g. a test set given as two files). Asked of data
     without a split column, a split is the hash split training used (2 % valid, 2 % test)."""
-    from pathlib import Path
-
     from aiayn.commands.engine import engine
     from aiayn.data.parallel import read_pairs, select_split
     from aiayn.tasks.translate import score_translations, translate_texts
     from aiayn.tasks.checkpoints import load_model_dir, set_languages
+    from aiayn.training.checkpoint import atomic_write_bytes
 
     run = load_model_dir(args.run_dir, task="translation")
     set_languages(run, getattr(args, "src_lang", None), getattr(args, "tgt_lang", None))
@@ -128,7 +128,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                               engine=inference)
     seconds = time.perf_counter() - start
     if args.output:
-        Path(args.output).write_text("".join(line + "\n" for line in outputs), encoding="utf-8")
+        atomic_write_bytes(args.output, "".join(line + "\n" for line in outputs).encode("utf-8"))
     return {"run_dir": str(args.run_dir), "data": [str(p) for p in args.data],
             "split": split,
             "split_by": "column" if has_split else ("none" if split == "all" else "hash"),

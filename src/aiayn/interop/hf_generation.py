@@ -20,9 +20,27 @@ from aiayn.interop.hf_tokenizer import read_json_object
 GENERATION_FILE = "generation_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 HF_TOP_K = 50  # transformers' GenerationConfig default, used when sampling without a top_k
-# Settings of transformers' generate that aiayn's sampler does not have, and their neutral values
-NEUTRAL = {"no_repeat_ngram_size": 0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
-           "num_beams": 1, "length_penalty": 1.0, "encoder_repetition_penalty": 1.0}
+# Settings of transformers' generate that aiayn's sampler applies (read below)
+APPLIED = frozenset({"eos_token_id", "do_sample", "temperature", "top_k", "top_p", "min_p",
+                     "repetition_penalty"})
+# Settings that do not change which tokens come out (ids named elsewhere, caching, what generate
+# returns, speculative decoding), or that aiayn's own options decide (the length: --max-new-tokens)
+NO_EFFECT = frozenset({
+    "_from_model_config", "transformers_version", "bos_token_id", "pad_token_id",
+    "decoder_start_token_id", "use_cache", "cache_implementation", "cache_config", "max_cache_len",
+    "compile_config", "disable_compile", "continuous_batching_config", "prefill_chunk_size",
+    "output_attentions", "output_hidden_states", "output_logits", "output_scores",
+    "return_dict_in_generate", "low_memory", "remove_invalid_values", "renormalize_logits",
+    "is_assistant", "assistant_confidence_threshold", "assistant_early_exit",
+    "assistant_lookbehind", "num_assistant_tokens", "num_assistant_tokens_schedule",
+    "prompt_lookup_num_tokens", "max_matching_ngram_size", "target_lookbehind",
+    "speculation_type", "max_length", "max_new_tokens", "max_time"})
+# The neutral values of settings aiayn does not apply, where they are not None / False / empty;
+# any other setting with another value is named in ``unsupported`` (new ones included)
+NEUTRAL = {"no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "typical_p": 1.0,
+           "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "num_beams": 1, "num_beam_groups": 1,
+           "length_penalty": 1.0, "diversity_penalty": 0.0, "encoder_repetition_penalty": 1.0,
+           "min_length": 0, "num_return_sequences": 1, "guidance_scale": 1.0}
 
 
 @dataclass(frozen=True)
@@ -34,7 +52,8 @@ class CheckpointGeneration:
         sample: ``do_sample``; False: greedy.
         temperature, top_k, top_p, min_p: the sampling settings (top_p, min_p None: off).
         repetition_penalty: applied greedy or sampled (1: off).
-        unsupported: settings aiayn does not apply, as "name=value" (e.g. beams).
+        unsupported: settings that change the tokens and that aiayn does not apply, as
+            "name=value" (beams, suppressed or banned tokens, a minimum length, ...).
     """
 
     stop_ids: tuple[int, ...] = ()
@@ -78,8 +97,9 @@ def read_generation_settings(directory: str | Path) -> CheckpointGeneration:
     penalty = 1.0 if penalty is None else penalty
     if not isinstance(penalty, (int, float)) or penalty <= 0:
         raise ValueError(f"{path}: repetition_penalty must be > 0, got {penalty!r}")
-    unsupported = tuple(f"{name}={settings[name]!r}" for name, neutral in NEUTRAL.items()
-                        if settings.get(name, neutral) not in (neutral, None))
+    unsupported = tuple(f"{name}={value!r}" for name, value in settings.items()
+                        if name not in APPLIED and name not in NO_EFFECT
+                        and value not in (None, False, [], {}, NEUTRAL.get(name)))
     return CheckpointGeneration(
         stop_ids=_ids(settings.get("eos_token_id")), sample=bool(settings.get("do_sample", False)),
         temperature=float(temperature), top_k=top_k or None,  # transformers: 0 turns top-k off

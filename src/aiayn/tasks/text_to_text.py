@@ -220,18 +220,37 @@ def score_examples(model: nn.Module, tokenizer: SubwordTokenizer,
                    max_length: int = MAX_SOURCE_LENGTH, engine=None) -> dict[str, float]:
     """Translation examples: ``bleu`` and ``chrf``; classification examples: ``accuracy`` of the
     generated label text (stripped, exact match). Examples of one kind at a time; none: {}."""
+    outputs = generate_examples(model, tokenizer, examples, beam_size=beam_size, alpha=alpha,
+                                max_length=max_length, engine=engine)
+    return score_outputs(outputs, examples)
+
+
+def _one_kind(examples: Sequence[TextExample]) -> str:
+    kinds = {e.kind for e in examples}
+    if len(kinds) != 1:
+        raise ValueError(f"score one kind of example at a time, got {sorted(kinds)}")
+    return kinds.pop()
+
+
+def generate_examples(model: nn.Module, tokenizer: SubwordTokenizer,
+                      examples: Sequence[TextExample], *, beam_size: int = 1, alpha: float = 0.6,
+                      max_length: int = MAX_SOURCE_LENGTH, engine=None) -> list[str]:
+    """The generated text of each example (``generate_texts`` with its kind's output limit);
+    examples of one kind at a time."""
+    if not examples:
+        return []
+    return generate_texts(model, tokenizer, [e.source for e in examples], beam_size=beam_size,
+                          alpha=alpha, max_extra=MAX_EXTRA[_one_kind(examples)],
+                          max_length=max_length, engine=engine)
+
+
+def score_outputs(outputs: Sequence[str], examples: Sequence[TextExample]) -> dict[str, float]:
+    """``score_examples``' scores of texts already generated for ``examples``."""
     from aiayn.tasks.translate import score_translations
 
     if not examples:
         return {}
-    kinds = {e.kind for e in examples}
-    if len(kinds) != 1:
-        raise ValueError(f"score one kind of example at a time, got {sorted(kinds)}")
-    kind = kinds.pop()
-    outputs = generate_texts(model, tokenizer, [e.source for e in examples], beam_size=beam_size,
-                             alpha=alpha, max_extra=MAX_EXTRA[kind], max_length=max_length,
-                             engine=engine)
-    if kind == "classification":
+    if _one_kind(examples) == "classification":
         right = sum(out.strip() == e.target for out, e in zip(outputs, examples))
         return {"accuracy": right / len(examples)}
     return score_translations(outputs, [e.target for e in examples])
