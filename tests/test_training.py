@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -480,6 +481,20 @@ def test_the_average_is_the_run_model_without_a_metric_and_the_model_keeps_its_w
             torch.testing.assert_close(published[name], average[name], rtol=0, atol=0, msg=name)
     else:
         assert info["weights_source"].startswith("best@")
+
+
+def test_averaging_fewer_checkpoints_than_asked_warns(tmp_path):
+    """save_every 0 writes only the last checkpoint: its "average" is the final weights, said in a
+    warning and in the log; a run with enough checkpoints does not warn."""
+    with pytest.warns(RuntimeWarning, match=r"average_last=3: the run has only 1 checkpoint\(s\) "
+                                            r"to average \(save_every=0, 4 steps\)"):
+        run(tmp_path, "a", ReverseTask(), training_config(steps=4, eval_every=2, average_last=3))
+    records = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    assert [r["checkpoints"] for r in records if r["split"] == "valid_averaged"] == [1]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="average_last", category=RuntimeWarning)
+        run(tmp_path, "b", ReverseTask(), training_config(steps=4, eval_every=2, save_every=1,
+                                                          average_last=3))
 
 
 def test_a_resumed_run_keeps_published_weights_better_than_its_checkpoints(tmp_path):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -380,6 +381,11 @@ class Trainer:
         recent, final_state, averaged = [], None, None
         if self.main:  # rank 0 reads the checkpoints; under FSDP the others get their shards
             recent = list_checkpoints(self.checkpoint_dir)[-self.config.average_last:]
+            if len(recent) < self.config.average_last:  # save_every 0, a short or timed run
+                warnings.warn(f"average_last={self.config.average_last}: the run has only "
+                              f"{len(recent)} checkpoint(s) to average (save_every="
+                              f"{self.config.save_every}, {self.steps_done} steps)",
+                              RuntimeWarning, stacklevel=2)
             final_state = {k: v.detach().clone() for k, v in final_model.state_dict().items()}
             averaged = average_checkpoints(recent)
         self.parallel.load_full_weights(averaged, source="checkpoint average")
