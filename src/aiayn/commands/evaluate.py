@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-tokens", type=positive_int, default=4000,
                         help="tokens per decoding batch")
     parser.add_argument("--limit", type=positive_int, default=None,
-                        help="only the first N examples")
+                        help="only the first N examples (a language model: the first N "
+                             "characters, or tokens of a token directory)")
     parser.add_argument("--device", type=device_name, default="cpu")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--output", default=None, metavar="PATH",
