@@ -120,6 +120,34 @@ def test_stratified_split_keeps_class_shares_and_is_reproducible():
     assert parts != stratified_split(labels, valid_fraction=0.1, test_fraction=0.2, seed=4)
 
 
+def test_a_repeated_text_is_never_in_training_and_a_held_out_part(tmp_path):
+    """Keys (the texts): rows of one text the draw spread over parts all go to train; distinct
+    texts split exactly as without keys; the classification command's split and its evaluation
+    rows (held_out_keys) hold no text of the training rows."""
+    labels = ["a"] * 60 + ["b"] * 60
+    texts = [f"text {i % 20} of {label}" for i, label in enumerate(labels)]  # each 3 times
+    plain = stratified_split(labels, valid_fraction=0.1, test_fraction=0.2, seed=0)
+    keyed = stratified_split(labels, valid_fraction=0.1, test_fraction=0.2, seed=0, keys=texts)
+    assert sorted(keyed.train + keyed.valid + keyed.test) == list(range(120))
+    seen = {texts[i] for i in keyed.train}
+    assert not seen & {texts[i] for i in keyed.valid + keyed.test}
+    assert not {texts[i] for i in keyed.valid} & {texts[i] for i in keyed.test}
+    assert set(keyed.valid) <= set(plain.valid) and set(keyed.test) <= set(plain.test)
+    unique = [f"text {i}" for i in range(120)]
+    assert stratified_split(labels, valid_fraction=0.1, test_fraction=0.2, seed=0,
+                            keys=unique) == plain
+    with pytest.raises(ValueError, match="119 keys for 120 rows"):
+        stratified_split(labels, keys=unique[:-1])
+
+    from aiayn.commands.train_classification import _evaluation_rows, load_splits
+
+    path = tmp_path / "dups.tsv"
+    path.write_text("".join(f"{t}\t{lab}\n" for t, lab in zip(texts, labels)), encoding="utf-8")
+    data, parts, settings = load_splits(path, valid_fraction=0.1, test_fraction=0.2, seed=0)
+    assert not set(parts["train"].texts) & (set(parts["valid"].texts) | set(parts["test"].texts))
+    assert _evaluation_rows(data, settings, "test")[0].texts == parts["test"].texts
+
+
 def test_stratified_split_keeps_a_training_row_and_checks_fractions():
     parts = stratified_split(["a", "a", "a"], valid_fraction=0.4, test_fraction=0.4)
     assert len(parts.train) == 1 and len(parts.valid) == 1 and len(parts.test) == 1

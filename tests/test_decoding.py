@@ -187,3 +187,23 @@ def test_an_unpadded_batch_decodes_without_a_cross_attention_mask(search, monkey
     assert [h.tokens for h in alone] == [h.tokens for h in beside_padded]
     torch.testing.assert_close(torch.tensor([h.score for h in alone]),
                                torch.tensor([h.score for h in beside_padded]), rtol=1e-5, atol=1e-5)
+
+
+def test_translate_ids_cuts_sources_past_the_position_table_and_says_so():
+    """A source longer than the position table allows (with </s>, and room for the first output
+    position) is translated from its first max_length - 2 ids, with a warning counting the cut
+    sources; sources that fit give no warning."""
+    import warnings
+
+    from aiayn.tasks.translate import translate_ids
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.preset("tiny", vocab_size=30, dropout=0.0,
+                                                 max_length=16)).eval()
+    long, short = list(range(3, 30)), [5, 6, 7]
+    with pytest.warns(RuntimeWarning, match=r"1 source\(s\) longer than the model's position "
+                                            r"table allows were cut to their first 14 subwords"):
+        cut = translate_ids(model, [long, short], beam_size=1, max_extra=2)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*position table", category=RuntimeWarning)
+        assert translate_ids(model, [long[:14], short], beam_size=1, max_extra=2) == cut

@@ -59,6 +59,17 @@ def folder(tmp_path):
     return root
 
 
+def test_images_in_a_class_folders_sub_folders_are_read(folder):
+    """As torchvision's ImageFolder: a class folder's images in sub-folders too (sorted by their
+    path below the class folder); hidden folders stay out."""
+    _save(folder / "cat" / "2024" / "d.png", (8, 8), 0, mode="L")
+    _save(folder / "cat" / ".cache" / "e.png", (8, 8), 0, mode="L")
+    data = read_image_folder(folder, image_size=8, channels=3)
+    assert data.labels == ("cat", "cat", "dog", "dog")
+    assert [s.split("shapes/", 1)[1] for s in data.sources] == [
+        "cat/2024/d.png", "cat/c.bmp", "dog/a.jpg", "dog/b.png"]
+
+
 def test_a_folder_of_class_folders(folder):
     data = read_image_folder(folder, image_size=8, channels=3)
     assert data.labels == ("cat", "dog", "dog")  # classes, then files, in sorted order

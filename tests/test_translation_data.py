@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import warnings
 
 import pytest
 
@@ -24,6 +25,17 @@ def test_tsv_without_header(tmp_path):
     pairs = read_tsv(path)
     assert [(p.source, p.target) for p in pairs] == PAIRS
     assert pairs[1].origin == f"{path}:2" and pairs[0].split is None
+
+
+def test_a_first_line_of_sentences_is_a_pair_whatever_its_other_fields(tmp_path):
+    """A file without a header whose third column is a language code ('de'): the first line is
+    the first pair, not a header that would move the target to that column for every line."""
+    path = write(tmp_path / "a.tsv", "".join(f"{e}\t{d}\tde\n" for e, d in PAIRS))
+    assert [(p.source, p.target) for p in read_tsv(path)] == PAIRS
+    named = write(tmp_path / "b.tsv", "english\tfrench\tsplit\n" + "".join(
+        f"{e}\t{d}\ttrain\n" for e, d in PAIRS))  # names without spaces: still a header
+    assert [(p.source, p.target, p.split) for p in read_tsv(named)] == [
+        (e, d, "train") for e, d in PAIRS]
 
 
 def test_tsv_with_header_and_split_column_gz(tmp_path):
@@ -109,3 +121,27 @@ def test_collate_shifts_targets_and_counts_tokens():
     assert batch.decoder_input.tolist() == [[1, 8, 9, 10], [1, 11, 0, 0]]
     assert batch.targets.tolist() == [[8, 9, 10, 2], [11, 2, 0, 0]]
     assert batch.target_tokens == 6 and batch.source_tokens == 5
+
+
+def test_no_validation_pairs_warns_and_is_recorded(tmp_path):
+    """A split column without valid rows: validation falls back to training pairs, said in a
+    warning and in the run's assets; with valid rows, neither."""
+    from aiayn.tasks.translation import TranslationTask
+
+    sentences = [(f"the house {n} is small", f"das Haus {n} ist klein") for n in range(30)]
+
+    def tsv(name, splits):
+        return write(tmp_path / name, "en\tde\tsplit\n" + "".join(
+            f"{e}\t{d}\t{s}\n" for (e, d), s in zip(sentences, splits)))
+
+    no_valid = tsv("a.tsv", ["train"] * 28 + ["test"] * 2)
+    with pytest.warns(RuntimeWarning, match="a.tsv: no validation pairs .* validation scores the "
+                                            "first 28 training pairs, which the model trains on"):
+        task = TranslationTask([no_valid], vocab_size=80, valid_bleu_sentences=0)
+    assert task.valid_pairs == [p for p in read_pairs([no_valid]) if p.split == "train"]
+    assert task.save_assets(tmp_path)["valid_from_train"] is True
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no validation pairs", category=RuntimeWarning)
+        task = TranslationTask([tsv("b.tsv", ["train"] * 26 + ["valid"] * 2 + ["test"] * 2)],
+                               vocab_size=80, valid_bleu_sentences=0)
+    assert task.save_assets(tmp_path)["valid_from_train"] is False

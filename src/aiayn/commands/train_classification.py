@@ -117,6 +117,12 @@ def resolve_data(path: str | None) -> Path:
     raise ValueError("--data is required (the bundled data is only in a source checkout)")
 
 
+def held_out_keys(data) -> list[str]:
+    """What makes two rows the same text for the split (``stratified_split``'s keys): the text
+    with its spaces stripped, so a repeated text never lands in training and a held-out part."""
+    return [text.strip() for text in data.texts]
+
+
 def load_splits(path: Path, *, valid_fraction: float, test_fraction: float, seed: int):
     """(rows, {train, valid, test} LabelledTexts, split settings or None when the file has a
     split column)."""
@@ -127,7 +133,7 @@ def load_splits(path: Path, *, valid_fraction: float, test_fraction: float, seed
     if data.splits is not None:
         return data, {name: data.split(name) for name in ("train", "valid", "test")}, None
     parts = stratified_split(data.labels, valid_fraction=valid_fraction,
-                             test_fraction=test_fraction, seed=seed)
+                             test_fraction=test_fraction, seed=seed, keys=held_out_keys(data))
     split = {"valid_fraction": valid_fraction, "test_fraction": test_fraction, "seed": seed}
     return data, {name: data.subset(list(parts.part(name)))
                   for name in ("train", "valid", "test")}, split
@@ -260,5 +266,6 @@ def _evaluation_rows(data, split_settings: dict[str, Any] | None, split: str):
         return data.split(split), f"split column = {split}"
     settings = split_settings or {"valid_fraction": 0.1, "test_fraction": 0.1, "seed": 0}
     parts = stratified_split(data.labels, valid_fraction=settings["valid_fraction"],
-                             test_fraction=settings["test_fraction"], seed=settings["seed"])
+                             test_fraction=settings["test_fraction"], seed=settings["seed"],
+                             keys=held_out_keys(data))
     return data.subset(list(parts.part(split))), f"stratified {split} split {settings}"

@@ -91,7 +91,9 @@ def read_image(path: str | Path, *, image_size: int, channels: int) -> Tensor:
 
 
 def read_image_folder(path: str | Path, *, image_size: int, channels: int) -> LabelledImages:
-    """Every image of ``path/<class>/``, labelled by its sub-folder's name, in sorted order.
+    """Every image under ``path/<class>/`` (its sub-folders included, as torchvision's
+    ``ImageFolder`` reads them; hidden files and folders left out), labelled by the class folder's
+    name, in sorted order.
 
     Raises:
         FileNotFoundError / NotADirectoryError: ``path`` missing or a file.
@@ -109,8 +111,9 @@ def read_image_folder(path: str | Path, *, image_size: int, channels: int) -> La
         raise ValueError(f"{root}: no class folders (expected {root}/<class>/<image>)")
     images, labels, sources = [], [], []
     for folder in classes:
-        files = sorted(entry for entry in folder.iterdir() if entry.is_file()
-                       and not entry.name.startswith(".")
+        files = sorted(entry for entry in folder.rglob("*") if entry.is_file()
+                       and not any(part.startswith(".")
+                                   for part in entry.relative_to(folder).parts)
                        and entry.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             raise ValueError(f"{folder}: no images (looked for {', '.join(IMAGE_SUFFIXES)})")

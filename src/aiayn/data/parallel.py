@@ -34,7 +34,9 @@ def read_tsv(path: str | Path) -> list[SentencePair]:
     Without a header the first two fields of each line are source and target (a third field, if
     any, is ignored). A header is recognised when its first line names the columns: the source
     column is ``src``/``en``, the target ``tgt``/``de`` (else the first two), and a ``split``
-    column (train/valid/test) is kept.
+    column (train/valid/test) is kept. Column names hold no spaces: a first line with a space in a
+    field is a pair, even when another field is ``de`` (a language column of a file without a
+    header).
 
     Raises:
         FileNotFoundError / IsADirectoryError: no such file / a directory.
@@ -49,7 +51,8 @@ def read_tsv(path: str | Path) -> list[SentencePair]:
         if number == 1:
             saw_line = True
             names = [name.strip().lower() for name in line.split("\t")]
-            if any(name in SOURCE_NAMES + TARGET_NAMES + ("split",) for name in names):
+            if any(name in SOURCE_NAMES + TARGET_NAMES + ("split",) for name in names) \
+                    and not any(len(name.split()) > 1 for name in names):
                 source_col = next((names.index(n) for n in SOURCE_NAMES if n in names), 0)
                 target_col = next((names.index(n) for n in TARGET_NAMES if n in names), 1)
                 split_col = names.index("split") if "split" in names else None

@@ -9,7 +9,7 @@ in sorted order, no dependence on hash randomisation or the global RNG.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 
@@ -28,17 +28,21 @@ class SplitIndices:
 
 
 def stratified_split(labels: Sequence[str], *, valid_fraction: float = 0.1,
-                     test_fraction: float = 0.1, seed: int = 0) -> SplitIndices:
+                     test_fraction: float = 0.1, seed: int = 0,
+                     keys: Sequence[Hashable] | None = None) -> SplitIndices:
     """Split row indices so that each class is divided in the given proportions.
 
     Per class of n rows, round(n * fraction) rows go to valid and to test (at least one each when
     the fraction is positive and the class has at least 3 rows), the rest to train; a class always
-    keeps at least one training row.
+    keeps at least one training row. With ``keys`` (e.g. each row's text), rows of one key that
+    the draw put in different parts all go to train: a held-out row repeated in training data is
+    not held out. Rows of distinct keys split exactly as without ``keys``.
 
     Args:
         labels: the label of each row.
         valid_fraction / test_fraction: shares in [0, 1) with a sum below 1.
         seed: the shuffle seed (same seed, same labels -> same split).
+        keys: one per row, or None.
 
     Raises:
         ValueError: bad fractions or no rows.
@@ -72,6 +76,18 @@ def stratified_split(labels: Sequence[str], *, valid_fraction: float = 0.1,
         test.extend(rows[:n_test])
         valid.extend(rows[n_test:n_test + n_valid])
         train.extend(rows[n_test + n_valid:])
+    if keys is not None:
+        if len(keys) != len(labels):
+            raise ValueError(f"{len(keys)} keys for {len(labels)} rows")
+        parts: dict[Hashable, set[int]] = {}
+        for number, part in enumerate((train, valid, test)):
+            for index in part:
+                parts.setdefault(keys[index], set()).add(number)
+        shared = {key for key, numbers in parts.items() if len(numbers) > 1}
+        moved = [index for index in valid + test if keys[index] in shared]
+        train += moved
+        valid = [index for index in valid if keys[index] not in shared]
+        test = [index for index in test if keys[index] not in shared]
     return SplitIndices(train=tuple(sorted(train)), valid=tuple(sorted(valid)),
                         test=tuple(sorted(test)))
 

@@ -1,7 +1,9 @@
 """The joint source/target subword vocabulary (paper 5.1: a shared BPE vocabulary).
 
 Byte-pair encoding learned with Hugging Face ``tokenizers`` on both sides of the training data, with
-SentencePiece-style whitespace markers (Metaspace) so that decoding restores the text exactly.
+SentencePiece-style whitespace markers (Metaspace) so that decoding restores the text, after the
+NFKC normalisation SentencePiece also applies by default (``nmt_nfkc``): "…" comes back as "...",
+"²" as "2", a no-break space as a space, a decomposed "é" composed.
 Ids 0..3 are <pad>, <s>, </s>, <unk>, matching ``TransformerConfig``'s pad/bos/eos defaults.
 Saved as one ``tokenizer.json`` next to the model.
 """

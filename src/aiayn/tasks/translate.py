@@ -6,6 +6,7 @@ returned in input order; the decoders guarantee the output does not depend on th
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -55,8 +56,13 @@ def translate_ids(model: nn.Module, sources: Sequence[Sequence[int]], *, beam_si
     # Longest source the position table allows (it also holds </s> and any source suffix); no
     # table (T5): any length.
     limit = config.position_limit
-    sources = [list(ids if limit is None else ids[:limit - 2 - len(source_suffix)])
-               for ids in sources]
+    longest = None if limit is None else limit - 2 - len(source_suffix)
+    cut = 0 if longest is None else sum(len(ids) > longest for ids in sources)
+    if cut:
+        warnings.warn(f"{cut} source(s) longer than the model's position table allows were cut "
+                      f"to their first {longest} subwords (max_length {config.max_length})",
+                      RuntimeWarning, stacklevel=2)
+    sources = [list(ids if longest is None else ids[:longest]) for ids in sources]
     lengths = [len(ids) + 1 + len(source_suffix) for ids in sources]
     # Beam search holds K rows per sentence: size batches by the beam.
     budget = max(max_tokens // max(beam_size, 1), 1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,14 @@ class TranslationTask(PairBatches):
             raise ValueError(f"{data[0]}: no training pair is within max_length={max_length} tokens "
                              f"and max_ratio={max_ratio} (raise --max-length / --max-ratio)")
         self.filtered = len(splits["train"]) - len(self.train_source)
-        valid = splits["valid"] or splits["train"][:200]  # tiny corpora: score on seen data
+        # tiny corpora, or a split column without valid rows: score on seen data, and say so
+        self.valid_from_train = not splits["valid"]
+        if self.valid_from_train:
+            warnings.warn(f"{data[0]}: no validation pairs (a split column without 'valid' rows, "
+                          f"or too few pairs for the 2 % hash split): validation scores the "
+                          f"first {min(200, len(splits['train']))} training pairs, which the "
+                          f"model trains on", RuntimeWarning, stacklevel=2)
+        valid = splits["valid"] or splits["train"][:200]
         self.valid_pairs = valid
         self.valid_source, self.valid_target = self._encode(valid, None, None)
         self.valid_bleu_sentences = valid_bleu_sentences
@@ -245,7 +253,7 @@ class TranslationTask(PairBatches):
             saved = {"tokenizer": TOKENIZER_FILE}
         return {**saved, "vocab_size": self.tokenizer.vocab_size,
                 "train_pairs": len(self.train_source), "filtered_pairs": self.filtered,
-                "valid_pairs": len(self.valid_pairs),
+                "valid_pairs": len(self.valid_pairs), "valid_from_train": self.valid_from_train,
                 "init": self.pretrained.source if self.pretrained else None}
 
     @classmethod
