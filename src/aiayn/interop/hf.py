@@ -68,7 +68,11 @@ PAPER_FAMILIES = (hf_roberta, hf_bert, hf_gpt2, hf_multilingual, hf_marian, hf_v
 PAPER_BLOCKS = dict(norm="layer", layer_norm_bias=True, gated_ffn=False, d_head=None,
                     n_kv_heads=None, relative_attention_buckets=0, scale_attention=True,
                     attention_scale=None, scale_output=False, sliding_window=None,
-                    first_attention_norm=True, disentangled_attention=None)
+                    first_attention_norm=True, disentangled_attention=None, qk_norm=False,
+                    sandwich_norm=False, attention_softcap=None, logit_softcap=None)
+# Kernels that compute softmax attention exactly, as every HF class does; "linear" and "sparse"
+# compute another function and have no HF class
+EXACT_KERNELS = ("fused", "reference", "chunked")
 TASKS = ("encoder", "masked_lm", "classification", "causal_lm", "seq2seq")
 
 
@@ -197,6 +201,10 @@ def save_pretrained(model: nn.Module, path: str | Path, *, model_type: str | Non
             written as ``model_type``.
     """
     family = _export_family(model, model_type)
+    attention = getattr(getattr(model, "config", None), "attention", "fused")
+    if attention not in EXACT_KERNELS:
+        raise ValueError(f"cannot export attention={attention!r}: transformers' models compute "
+                         f"exact softmax attention (the kernels {', '.join(EXACT_KERNELS)})")
     if family in PAPER_FAMILIES:
         _require_paper_blocks(model.config, family.MODEL_TYPES[0])
     hf_config, name_map = family.export(model)

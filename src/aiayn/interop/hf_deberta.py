@@ -216,7 +216,7 @@ EXPORT_REQUIRED = dict(
     embedding_norm=True, bias=True, head_bias=True, gated_ffn=False, d_head=None, n_kv_heads=None,
     qkv_bias=None, qk_norm=False, sandwich_norm=False, attention_softcap=None, logit_softcap=None,
     sliding_window=None, relative_attention_buckets=0, scale_attention=True, scale_output=False,
-    layer_norm_bias=True)
+    layer_norm_bias=True, positions_skip_padding=False)
 
 
 def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:

@@ -143,8 +143,10 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         local_theta = None
     sliding = _sliding_layers(hf, layers, generation.window_pattern, source)
     window = hf.get("sliding_window") if sliding else None
-    softcaps = dict(attention_softcap=hf.get("attn_logit_softcapping"),
-                    logit_softcap=hf.get("final_logit_softcapping"))
+    # Gemma2Config's defaults (50, 30) where config.json is silent; Gemma 3's are None
+    defaults = (50.0, 30.0) if hf.get("model_type") == "gemma2" else (None, None)
+    softcaps = dict(attention_softcap=hf.get("attn_logit_softcapping", defaults[0]),
+                    logit_softcap=hf.get("final_logit_softcapping", defaults[1]))
 
     def token(name: str, default: int) -> int:
         value = token_id(hf.get(name), vocab_size)

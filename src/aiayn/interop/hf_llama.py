@@ -267,7 +267,8 @@ EXPORT_REQUIRED = dict(norm_first=True, final_norm=True, norm="rms", positions="
                        gated_ffn=True, scale_embeddings=False, embedding_norm=False,
                        type_vocab_size=0, output_bias=False, relative_attention_buckets=0,
                        scale_attention=True, attention_scale=None, scale_output=False,
-                       rope_local_theta=None, rotary_fraction=1.0, first_attention_norm=True)
+                       rope_local_theta=None, rotary_fraction=1.0, first_attention_norm=True,
+                       attention_softcap=None, logit_softcap=None)
 CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 

@@ -235,7 +235,7 @@ FLAVOUR_NAMES = {"marian": "Marian", "bart": "BART", "mbart": "mBART", "m2m_100"
 def _flavour(config: TransformerConfig) -> str:
     return pick_flavour(config, {
         "marian": dict(positions="sinusoidal", sinusoid_layout="split", embedding_norm=False,
-                       positions_skip_padding=False),
+                       positions_skip_padding=False, position_offset=0),
         "bart": dict(positions="learned", position_offset=2, embedding_norm=True,
                      tie_source_target=True, positions_skip_padding=False)})
 

@@ -66,8 +66,9 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
                    overrides: dict[str, Any]) -> TransformerConfig:
     """The aiayn config of an mBART or M2M100 config.json (``overrides`` win)."""
     source = checkpoint.directory
-    if hf.get("model_type") == "m2m_100" and hf.get("activation_function") is None:
-        hf = {**hf, "activation_function": "relu"}  # M2M100Config's default
+    if hf.get("model_type") == "m2m_100":  # M2M100Config's defaults where config.json is silent
+        hf = {"activation_function": "relu", "scale_embedding": True,
+              **{key: value for key, value in hf.items() if value is not None}}
     base = hf_marian.config_from_hf({**hf, "model_type": "bart"}, checkpoint, {})
     fields = {**_flavour_fields(hf, source), **overrides}
     try:

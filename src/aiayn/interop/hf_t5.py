@@ -173,7 +173,8 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
                     scale_embeddings=False, embedding_norm=False, type_vocab_size=0,
                     scale_attention=False, tie_source_target=True, output_bias=False,
                     attention_dropout=config.dropout, activation_dropout=config.dropout,
-                    sliding_window=None, first_attention_norm=True)
+                    sliding_window=None, first_attention_norm=True, qk_norm=False,
+                    sandwich_norm=False, attention_softcap=None, logit_softcap=None)
     require_fields(config, required, "T5")
     if config.kv_heads != config.n_heads:
         raise ValueError(f"cannot export as T5: T5 has one key/value head per query head, the model "
@@ -182,8 +183,9 @@ def export(model: nn.Module) -> tuple[dict[str, Any], NameMap]:
         raise ValueError("cannot export as T5: T5 rescales the output (scale_output) only with the "
                          "head tied to the embedding (tie_output)")
     activation = AIAYN_ACTIVATIONS[config.activation]
-    if config.gated_ffn:
-        activation = "gated-gelu" if config.activation == "gelu_tanh" else f"gated-{activation}"
+    if config.gated_ffn:  # T5Config reads "gated-gelu" as the tanh GELU: the exact one by name
+        activation = {"gelu_tanh": "gated-gelu", "gelu": "gated-gelu_python"}.get(
+            config.activation, f"gated-{activation}")
     hf = dict(model_type="t5", architectures=["T5ForConditionalGeneration"],
               vocab_size=config.vocab_size, d_model=config.d_model, d_kv=config.head_dim,
               d_ff=config.d_ff, num_layers=config.n_encoder_layers,
