@@ -3,6 +3,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from aiayn import PRESETS, CausalLM, Transformer, TransformerConfig, TransformerEncoder, count_parameters
 
@@ -54,6 +55,7 @@ def test_tied_matrices_are_one_parameter():
     ("layer_norm_eps", 0.0, "layer_norm_eps"),
     ("pad_id", 100, "pad_id must be a token id"),
     ("init_std", -1.0, "init_std"),
+    ("scaled_residual_init", True, "scaled_residual_init scales init_std .* it needs init_std"),
     ("attention_scale", 0, "attention_scale must be a positive number or None, got 0"),
     ("attention_scale", -0.125, "attention_scale must be a positive number or None, got -0.125"),
     ("attention_scale", True, "attention_scale must be a positive number or None, got True"),
@@ -137,3 +139,20 @@ def test_replace_keeps_derived_fields_following_their_source():
     assert explicit.replace(vocab_size=500).src_vocab_size == 40  # set on purpose: kept
     marian = TransformerConfig.preset("tiny", decoder_start_id=0)
     assert marian.replace(bos_id=3).decoder_start_id == 0
+
+
+def test_scaled_residual_init_counts_the_layers_the_model_has():
+    """GPT-2's std / sqrt(2 * layers) over the layers built: a decoder-only model built from a
+    config that also counts encoder layers is initialised as one without them."""
+    def residual_std(config):
+        torch.manual_seed(0)
+        model = CausalLM(config)
+        return torch.cat([m.weight.flatten() for name, m in model.named_modules()
+                          if name.endswith(("out_proj", "linear2"))]).std().item()
+
+    base = TransformerConfig.preset("tiny", d_model=64, d_ff=256, init_std=0.02,
+                                    scaled_residual_init=True, n_decoder_layers=2)
+    alone = residual_std(base.replace(n_encoder_layers=0))
+    assert alone == pytest.approx(0.02 / 2, rel=0.05)  # 2 layers: 0.02 / sqrt(4)
+    assert residual_std(base.replace(n_encoder_layers=10)) == alone
+

@@ -41,6 +41,12 @@ def ids(*shape):
     (lambda: CausalLM(CONFIG.replace(positions="none"))(ids(1, 70)), ValueError, "max_length=64"),
     (lambda: TransformerEncoder(CONFIG)(ids(2, 5), token_types=ids(2, 4)), ValueError,
      "token_types must have the shape"),
+    (lambda: TransformerEncoder(CONFIG.replace(type_vocab_size=0))(
+        ids(2, 5), token_types=torch.ones(2, 5, dtype=torch.long)), ValueError,
+     r"token_types given, but the model has no segment embeddings \(type_vocab_size=0\)"),
+    (lambda: SequenceClassifier(CONFIG.replace(type_vocab_size=2))(
+        ids(1, 3), token_types=torch.tensor([[0, 1, 2]])), ValueError,
+     r"token_types must lie in \[0, type_vocab_size=2\), got 0 to 2"),
     (lambda: Transformer(CONFIG).decode(ids(2, 3), None), ValueError, "needs the encoder output"),
     (lambda: Transformer(CONFIG).decode(ids(2, 3), torch.randn(3, 4, 32)), ValueError,
      r"memory must have shape \(B=2"),

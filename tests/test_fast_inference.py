@@ -222,10 +222,17 @@ def test_input_errors_are_raised_not_swallowed_by_the_fallback():
 @pytest.mark.parametrize("options, message", [
     (dict(compile="yes"), "compile must be True, False or None"),
     (dict(mode="fastest"), "mode must be one of"),
+    (dict(mode="max-autotune", compile=False), "is torch.compile's mode, and compile=False"),
 ])
 def test_bad_options_name_the_problem(options, message):
     with pytest.raises(ValueError, match=message):
         InferenceOptions(**options)
+
+
+def test_a_compile_mode_asks_for_compiled_steps_on_the_cpu_too():
+    model = CausalLM(TransformerConfig.preset("tiny", vocab_size=50))
+    assert not prepare_for_inference(model, InferenceOptions()).compiles  # the CPU's default
+    assert prepare_for_inference(model, InferenceOptions(mode="reduce-overhead")).compiles
 
 
 def test_prepare_needs_an_aiayn_model():

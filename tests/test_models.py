@@ -129,6 +129,20 @@ def test_return_attention_gives_maps_and_identical_logits(kernel):
     assert len(encoder_maps.encoder) == 2
 
 
+@pytest.mark.parametrize("kernel, settings", [
+    ("linear", {}), ("sparse", dict(attention_window=2, attention_stride=2))])
+def test_return_attention_refuses_kernels_without_softmax_weights(kernel, settings):
+    """Linear and sparse attention compute another function than eq. 1: the reference kernel's
+    weights are not theirs, so asking for maps is an error, not a picture of another model."""
+    config = tiny(attention=kernel, attention_dropout=0.0, **settings)
+    for call in (lambda: CausalLM(config).eval()(ids(2, 6), return_attention=True),
+                 lambda: TransformerEncoder(config)(ids(2, 6), return_attention=True)):
+        with pytest.raises(ValueError, match=f"the {'Linear' if kernel == 'linear' else 'Sparse'}"
+                                             f"Attention kernel does not compute softmax"):
+            call()
+    CausalLM(config).eval()(ids(2, 6))  # without maps, as always
+
+
 def test_sinusoidal_table_is_the_papers_formula():
     table = sinusoidal_table(50, 16)
     for pos in (0, 7, 49):

@@ -97,6 +97,10 @@ def test_bad_configs_are_refused():
         VisionTransformer(CONFIG.replace(positions="sinusoidal"))
     with pytest.raises(ValueError, match=r"needs n_encoder_layers >= 1, got 0"):
         ImageClassifier(CONFIG.replace(n_encoder_layers=0))
+    for field, value in (("embedding_norm", True), ("type_vocab_size", 2)):  # ignored before
+        with pytest.raises(ValueError, match=f"patch embedding has no {field} .* got "
+                                             f"{field}={value}"):
+            VisionTransformer(CONFIG.replace(**{field: value}))
     with pytest.raises(TypeError, match="no token embeddings; call forward_embedded"):
         VisionTransformer(CONFIG).encoder(torch.zeros(1, 3, dtype=torch.long))
 

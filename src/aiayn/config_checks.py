@@ -54,6 +54,9 @@ def validate(config: TransformerConfig) -> None:
             raise ValueError(f"{name} must be in [0, 1), got {value!r}")
     if config.init_std is not None and not _is_positive(config.init_std):
         raise ValueError(f"init_std must be positive or None, got {config.init_std!r}")
+    if config.scaled_residual_init and config.init_std is None:
+        raise ValueError("scaled_residual_init scales init_std (GPT-2's residual projections): "
+                         "it needs init_std, got None")
     if not (isinstance(config.layer_norm_eps, (int, float)) and config.layer_norm_eps > 0):
         raise ValueError(f"layer_norm_eps must be positive, got {config.layer_norm_eps!r}")
     _check_choice("activation", config.activation, ACTIVATIONS)

@@ -45,7 +45,8 @@ class InferenceOptions:
             graph serves every batch size and length; the first call compiles, seconds). None:
             on a CUDA model only (on the CPU compiled steps run 1.2-1.5x faster once warm, but
             compiling takes longer than a short generation runs; docs/performance.md).
-        mode: ``torch.compile``'s mode (None: its default).
+        mode: ``torch.compile``'s mode (None: its default); a mode asks for compiled steps
+            (with ``compile=None``, on the CPU too; with ``compile=False``, an error).
         cuda_graphs: on a CUDA device, decoder-only generation and encoder-decoder searches
             replay fixed-shape steps from CUDA graphs (one per batch size and cache capacity, and
             for beam search per source length, captured on first use; the 8 most recently used
@@ -63,6 +64,9 @@ class InferenceOptions:
             raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if self.mode not in COMPILE_MODES:
             raise ValueError(f"mode must be one of {list(COMPILE_MODES)}, got {self.mode!r}")
+        if self.mode is not None and self.compile is False:
+            raise ValueError(f"mode={self.mode!r} is torch.compile's mode, and compile=False runs "
+                             f"the steps uncompiled: give one or the other")
 
 
 class CompiledStep:
@@ -101,8 +105,8 @@ class InferenceEngine:
 
     def __init__(self, model: nn.Module, options: InferenceOptions):
         self.model, self.options = model, options
-        self.compiles = options.compile if options.compile is not None else \
-            next(model.parameters()).device.type == "cuda"
+        self.compiles = options.compile if options.compile is not None else (
+            options.mode is not None or next(model.parameters()).device.type == "cuda")
         if self.compiles:
             self.decoder_step: Callable = CompiledStep(decoder_step, options)
             self.decode_step: Callable = CompiledStep(decode_step, options)

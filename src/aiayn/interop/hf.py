@@ -56,6 +56,7 @@ from aiayn.interop import (hf_bert, hf_deberta, hf_distilbert, hf_gemma, hf_gpt2
 from aiayn.interop.hf_common import (CONFIG_FILE, Checkpoint, load_state, read_checkpoint,
                                      read_config)
 from aiayn.interop.hf_export import export_state, write_checkpoint
+from aiayn.nn.attention.kernels import make_kernel
 
 # Saving takes the first family that ``matches`` the model: the specific before the general
 # (hf_distilbert loads only: it matches no model; hf_phi3 matches what hf_llama matches, so it
@@ -70,9 +71,6 @@ PAPER_BLOCKS = dict(norm="layer", layer_norm_bias=True, gated_ffn=False, d_head=
                     attention_scale=None, scale_output=False, sliding_window=None,
                     first_attention_norm=True, disentangled_attention=None, qk_norm=False,
                     sandwich_norm=False, attention_softcap=None, logit_softcap=None)
-# Kernels that compute softmax attention exactly, as every HF class does; "linear" and "sparse"
-# compute another function and have no HF class
-EXACT_KERNELS = ("fused", "reference", "chunked")
 TASKS = ("encoder", "masked_lm", "classification", "causal_lm", "seq2seq")
 
 
@@ -201,10 +199,10 @@ def save_pretrained(model: nn.Module, path: str | Path, *, model_type: str | Non
             written as ``model_type``.
     """
     family = _export_family(model, model_type)
-    attention = getattr(getattr(model, "config", None), "attention", "fused")
-    if attention not in EXACT_KERNELS:
-        raise ValueError(f"cannot export attention={attention!r}: transformers' models compute "
-                         f"exact softmax attention (the kernels {', '.join(EXACT_KERNELS)})")
+    config = getattr(model, "config", None)
+    if isinstance(config, TransformerConfig) and not make_kernel(config).exact_softmax:
+        raise ValueError(f"cannot export attention={config.attention!r}: transformers' models "
+                         f"compute exact softmax attention (fused, reference or chunked)")
     if family in PAPER_FAMILIES:
         _require_paper_blocks(model.config, family.MODEL_TYPES[0])
     hf_config, name_map = family.export(model)

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from aiayn.config import TransformerConfig
 from aiayn.nn.attention.multihead import CrossAttention, SelfAttention
 from aiayn.nn.feedforward import activation_function
+from aiayn.nn.layers import DecoderLayer, EncoderLayer
 from aiayn.nn.norms import layer_norm
 
 
@@ -155,11 +156,12 @@ def initialise(model: nn.Module, config: TransformerConfig) -> None:
                     module.qkv_proj.weight[:module.split_sizes[0]] *= module.head_dim ** -0.5
                 elif isinstance(module, (SelfAttention, CrossAttention)):
                     module.q_proj.weight *= module.head_dim ** -0.5
-    if config.scaled_residual_init and config.init_std is not None:
+    if config.scaled_residual_init:  # config_checks: init_std is set
         # GPT-2 (Radford et al. 2019, 2.3): the layers' projections into the residual stream, the
         # attention output and the FFN's last matrix, start at std / sqrt(2 * layers) so the sum
-        # of 2 * layers residual branches keeps the size of one.
-        layers = max(config.n_encoder_layers + config.n_decoder_layers, 1)
+        # of 2 * layers residual branches keeps the size of one. The layers the model has: a
+        # decoder-only model's config may also count encoder layers it does not build.
+        layers = max(sum(isinstance(m, (EncoderLayer, DecoderLayer)) for m in model.modules()), 1)
         std = config.init_std / (2 * layers) ** 0.5
         for name, module in model.named_modules():
             if isinstance(module, nn.Linear) and name.endswith(("out_proj", "linear2", "down_proj")):

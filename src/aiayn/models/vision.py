@@ -27,7 +27,9 @@ def check_vision_config(config: TransformerConfig) -> None:
     """The fields the ViT needs set one way (the others it ignores or honours as given).
 
     Raises:
-        ValueError: no encoder layers, or positions other than learned (the ViT's only kind).
+        ValueError: no encoder layers, positions other than learned (the ViT's only kind), or a
+            text embedding's extra (``embedding_norm``, token types), which a patch embedding
+            does not have.
     """
     if config.n_encoder_layers < 1:
         raise ValueError(f"a Vision Transformer needs n_encoder_layers >= 1, got "
@@ -35,6 +37,11 @@ def check_vision_config(config: TransformerConfig) -> None:
     if config.positions != "learned":
         raise ValueError(f"a Vision Transformer has learned positions (positions='learned'), got "
                          f"positions={config.positions!r}")
+    for name, value in (("embedding_norm", config.embedding_norm),
+                        ("type_vocab_size", config.type_vocab_size)):
+        if value:
+            raise ValueError(f"a Vision Transformer's patch embedding has no {name} (a text "
+                             f"embedding's), got {name}={value!r}")
 
 
 class VisionTransformer(nn.Module):

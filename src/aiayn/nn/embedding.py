@@ -62,7 +62,8 @@ class Embeddings(nn.Module):
         """Embed ``ids`` (B, T) that sit at positions ``start ..`` (or at explicit ``positions``).
 
         Raises:
-            ValueError: an id outside the vocabulary (on CPU; CUDA asserts on the device instead).
+            ValueError: an id or a token type outside its table (on CPU; CUDA asserts on the
+                device instead), or ``token_types`` for a model without segment embeddings.
         """
         try:  # a range check up front would cost every decoding step a reduction
             x = self.tokens(ids)  # (B, T, D)
@@ -77,10 +78,21 @@ class Embeddings(nn.Module):
         elif self.position_limit is not None and start + ids.shape[1] > self.position_limit:
             raise ValueError(f"sequence of {start + ids.shape[1]} positions exceeds "
                              f"max_length={self.position_limit}")
+        if token_types is not None and self.token_types is None:
+            raise ValueError("token_types given, but the model has no segment embeddings "
+                             "(type_vocab_size=0)")
         if self.token_types is not None:
             # All-zero segments (the default) need no lookup: add row 0 directly.
-            x = x + (self.token_types.weight[0] if token_types is None
-                     else self.token_types(token_types))
+            if token_types is None:
+                x = x + self.token_types.weight[0]
+            else:
+                try:
+                    x = x + self.token_types(token_types)
+                except IndexError:
+                    types = self.token_types.num_embeddings
+                    raise ValueError(f"token_types must lie in [0, type_vocab_size={types}), got "
+                                     f"{int(token_types.min())} to {int(token_types.max())}"
+                                     ) from None
         if self.norm is not None:
             x = self.norm(x)
         return self.dropout(x)

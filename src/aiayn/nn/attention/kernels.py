@@ -105,7 +105,12 @@ class AttentionKernel(nn.Module):
 
     Args:
         scale: multiplies the scores q . k; None: 1 / sqrt(Dh) (paper 3.2.1).
+
+    ``exact_softmax``: whether the kernel computes softmax attention over every key the mask
+    allows (eq. 1), so that the reference kernel's weights are its weights (attention maps).
     """
+
+    exact_softmax = True
 
     def __init__(self, scale: float | None = None):
         super().__init__()

@@ -150,6 +150,8 @@ class LinearAttention(AttentionKernel):
         chunk_size: positions per chunk of the causal form (``config.attention_chunk_size``).
     """
 
+    exact_softmax = False  # no softmax weights to draw (attention maps)
+
     def __init__(self, chunk_size: int = 64):
         super().__init__()
         if not isinstance(chunk_size, int) or chunk_size <= 0:

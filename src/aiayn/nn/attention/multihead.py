@@ -85,6 +85,10 @@ class MultiHeadAttention(nn.Module):
         """The kernel's output (B, H, T, Dh) and, if ``need_weights``, the weights (B, H, T, S)
         before dropout from the reference kernel (the output stays the layer's own kernel's, so
         collecting attention never changes the model's numbers)."""
+        if need_weights and not self.kernel.exact_softmax:
+            raise ValueError(f"return_attention: the {self.kernel.__class__.__name__} kernel does "
+                             f"not compute softmax weights, so there are no maps to return (load "
+                             f"the weights into a model with attention='fused' to draw eq. 1's)")
         out = self.kernel(q, k, v, mask=mask, causal=causal,
                           dropout=self.dropout if self.training else 0.0,
                           position_bias=position_bias, band=band)

@@ -351,6 +351,8 @@ class SparseAttention(AttentionKernel):
         ValueError: a bad pattern, window, stride or stride_count.
     """
 
+    exact_softmax = False  # no softmax weights to draw (attention maps)
+
     def __init__(self, pattern: str = "local+strided", window: int = 128, stride: int = 128,
                  stride_count: int | None = None, *, scale: float | None = None):
         super().__init__(scale)
