@@ -23,8 +23,8 @@ DATA = Path(__file__).resolve().parents[3] / "data"
 BUNDLED = {"translation": DATA / "ddtp_en_de.tsv.gz",
            "classification": DATA / "debian_sections_topical.tsv.gz"}
 PREFIXES = {"translation": "translate English to German: ", "classification": "debian section: "}
-# the classification command's stratified split (train_classification.py defaults): same test rows
 WRITES_OUTPUTS = True  # `aiayn evaluate --output`: the generated texts, one a line, file by file
+# the classification command's stratified split (train_classification.py defaults): same test rows
 CLASSIFICATION_SPLIT = dict(valid_fraction=0.1, test_fraction=0.1, seed=0)
 
 
