@@ -223,7 +223,8 @@ def test_a_malicious_pickle_is_refused_and_never_run(row_id, call, error, words,
     marker = tmp_path / "pwned"
     place = Place(tmp_path, lm_run, hf_dir, payload(kind, marker))
     (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
-    (tmp_path / "x.tsv").write_text("a b\tnet\nc d\tsound\n" * 10, encoding="utf-8")
+    (tmp_path / "x.tsv").write_text("".join(f"a b {i}\tnet\nc d {i}\tsound\n" for i in range(10)),
+                                    encoding="utf-8")  # distinct texts: a held-out split exists
     capsys.readouterr()
     if error is None:
         call(place)
