@@ -182,13 +182,13 @@ class TranslationTask(PairBatches):
                              f"and max_ratio={max_ratio} (raise --max-length / --max-ratio)")
         self.filtered = len(splits["train"]) - len(self.train_source)
         # tiny corpora, or a split column without valid rows: score on seen data, and say so
+        valid = splits["valid"] or splits["train"][:200]
         self.valid_from_train = not splits["valid"]
         if self.valid_from_train:
             warnings.warn(f"{data[0]}: no validation pairs (a split column without 'valid' rows, "
                           f"or too few pairs for the 2 % hash split): validation scores the "
-                          f"first {min(200, len(splits['train']))} training pairs, which the "
-                          f"model trains on", RuntimeWarning, stacklevel=2)
-        valid = splits["valid"] or splits["train"][:200]
+                          f"first {len(valid)} training pairs, which the model trains on",
+                          RuntimeWarning, stacklevel=2)
         self.valid_pairs = valid
         self.valid_source, self.valid_target = self._encode(valid, None, None)
         self.valid_bleu_sentences = valid_bleu_sentences

@@ -41,7 +41,7 @@ from aiayn.training.task import Task
 from aiayn.training.trainer_state import (capture_rng, optimizer_from_tensors,
                                           optimizer_to_tensors, restore_rng, seed_all)
 from aiayn.training.validation import check_best_metric, evaluate_model, is_better
-from aiayn.training.weights import average_checkpoints, load_weights
+from aiayn.training.weights import average_checkpoints, load_weights, read_tensors
 
 
 def train(model: nn.Module, task: Task, config: TrainingConfig, run_dir: str | Path, *,
@@ -371,14 +371,13 @@ class Trainer:
         return {**self.metrics, "step": step}
 
     def _publish_average(self, final_model: nn.Module) -> bool:
-        """Evaluate the mean of the last ``average_last`` checkpoints (paper 6.1) and publish it if
-        it beats the best weights, or, with no ``best_metric``, as the run's model (the paper's
-        choice); return whether it was published. ``final_model`` (``Parallel.full_model``'s) and
-        the model trained keep their own weights. Under FSDP every rank joins (the average is
-        evaluated sharded, as every evaluation is); otherwise rank 0 alone."""
+        """Evaluate the mean of the last ``average_last`` checkpoints (paper 6.1); publish it if it
+        beats the best weights, or with no ``best_metric`` (the paper's model); return whether it
+        was. The models go back to the final weights, the last checkpoint's. Under FSDP every rank
+        joins (the average is evaluated sharded, as every evaluation is); else rank 0 alone."""
         if not (self.main or self.parallel.strategy == "fsdp"):
             return False
-        recent, final_state, averaged = [], None, None
+        recent, final, averaged = [], None, None
         if self.main:  # rank 0 reads the checkpoints; under FSDP the others get their shards
             recent = list_checkpoints(self.checkpoint_dir)[-self.config.average_last:]
             if len(recent) < self.config.average_last:  # save_every 0, a short or timed run
@@ -386,7 +385,7 @@ class Trainer:
                               f"{len(recent)} checkpoint(s) to average (save_every="
                               f"{self.config.save_every}, {self.steps_done} steps)",
                               RuntimeWarning, stacklevel=2)
-            final_state = {k: v.detach().clone() for k, v in final_model.state_dict().items()}
+            final = read_tensors(recent[-1] / "model.safetensors")  # this step: finish saved it
             averaged = average_checkpoints(recent)
         self.parallel.load_full_weights(averaged, source="checkpoint average")
         metric = self.config.best_metric
@@ -401,7 +400,7 @@ class Trainer:
             if better:  # rank 0's final_model holds the average now
                 publish_weights(self.run_dir, final_model,
                                 f"average of {len(recent)}@{self.steps_done}", metrics)
-        self.parallel.load_full_weights(final_state, source="final weights")
+        self.parallel.load_full_weights(final, source="final weights")
         return better
 
     def close(self) -> None:
