@@ -222,3 +222,64 @@ def test_output_log_probs_equal_the_beam_search_scores_of_its_hypotheses():
     got = output_log_probs(model, sources, [h.tokens for h in hypotheses], max_tokens=12)
     assert got == pytest.approx([h.score for h in hypotheses], abs=1e-4)
     assert model.training and all(value < 0 for value in got)
+
+
+def test_generation_cuts_classification_sources_as_training_did_and_reads_translations_whole(
+        tmp_path, monkeypatch):
+    """A classification source is cut to the run's --max-length subwords in validation, evaluate
+    and classify alike (the run records it; an older run.json without it: 128); a translation
+    source reaches the model whole, as ``aiayn translate`` gives it."""
+    from aiayn.tasks import translate
+    from aiayn.tasks.text_to_text import MAX_SOURCE_LENGTH, generate_examples
+    from aiayn.training.validation import evaluate_model
+
+    long_text = " ".join(WORDS[i % 10] for i in range(200))
+    examples = [TextExample("c: " + long_text, "colour", "classification"),
+                TextExample("t: " + long_text, "die " + GERMAN[0], "translation")]
+    tokenizer = SubwordTokenizer.train([long_text, "colour", "die rot", "c: t:"], vocab_size=60)
+    task = TextToTextTask(train=examples, valid=examples, tokenizer=tokenizer,
+                          prefixes={"classification": "c: ", "translation": "t: "},
+                          max_length=12, valid_sentences=5)
+    torch.manual_seed(0)
+    model = task.build_model(task.model_config(TransformerConfig.preset(
+        "t5-cpu", vocab_size=60, d_model=16, d_ff=32, n_heads=2, n_encoder_layers=1,
+        n_decoder_layers=1)))
+    seen = []
+    real = translate.translate_ids
+
+    def spy(model, ids, **options):
+        seen.append([len(row) for row in ids])
+        return real(model, ids, **options)
+
+    monkeypatch.setattr(translate, "translate_ids", spy)
+    whole = len(tokenizer.encode(["t: " + long_text])[0])
+    assert whole > MAX_SOURCE_LENGTH
+    evaluate_model(model, task)  # as the trainer validates: translations first, then labels
+    assert seen == [[whole], [12]]
+    seen.clear()
+    generate_examples(model, tokenizer, examples[1:], max_length=12)
+    assert seen == [[whole]]
+
+    (tmp_path / "run.json").write_text(json.dumps({"assets": task.save_assets(tmp_path)}))
+    assert TextToTextTask.load_assets(tmp_path).max_length == 12
+    (tmp_path / "run.json").write_text(json.dumps({"assets": {}}))  # a run from before
+    assert TextToTextTask.load_assets(tmp_path).max_length == MAX_SOURCE_LENGTH
+
+
+def test_evaluate_tells_labelled_texts_from_pairs_by_header_or_by_the_run(tmp_path):
+    from aiayn.commands.train_text_to_text import kind_of
+
+    both = {"translation": "t: ", "classification": "c: "}
+    files = {"labelled": "text\tlabel\na red thing\tcolour\n", "pairs": "en\tde\nred\trot\n",
+             "split": "src\ttgt\tsplit\nred\trot\ttrain\n", "bare": "a red thing\tcolour\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    assert kind_of(tmp_path / "labelled", both) == "classification"
+    assert kind_of(tmp_path / "pairs", both) == kind_of(tmp_path / "split", both) == "translation"
+    # no header: the run's one kind (a headerless labelled TSV on a classification run) ...
+    assert kind_of(tmp_path / "bare", {"classification": "c: "}) == "classification"
+    assert kind_of(tmp_path / "bare", {"translation": "t: "}) == "translation"
+    # ... and for a run of both, a clear error rather than BLEU of labels
+    with pytest.raises(ValueError, match="bare: no header says whether it holds translation "
+                                         "pairs or labelled texts"):
+        kind_of(tmp_path / "bare", both)

@@ -94,8 +94,7 @@ def _text_to_text_answers(args: argparse.Namespace):
     import math
 
     from aiayn.tasks.checkpoints import load_model_dir
-    from aiayn.tasks.text_to_text import (MAX_EXTRA, MAX_SOURCE_LENGTH, generate_ids,
-                                          output_log_probs, run_prefix)
+    from aiayn.tasks.text_to_text import MAX_EXTRA, generate_ids, output_log_probs, run_prefix
 
     if args.top != 1:
         raise ValueError(f"--top {args.top}: a text2text run generates one label per text "
@@ -109,7 +108,7 @@ def _text_to_text_answers(args: argparse.Namespace):
         sources, outputs = generate_ids(model, tokenizer,
                                         [prefix + text for text in texts],
                                         beam_size=args.beam, max_extra=MAX_EXTRA["classification"],
-                                        max_length=MAX_SOURCE_LENGTH)
+                                        max_length=loaded.assets.max_length)
         for label, log_p in zip(tokenizer.decode(outputs), output_log_probs(model, sources, outputs)):
             sys.stdout.write(f"{label.strip()}\t{math.exp(log_p):.4f}\n")
         sys.stdout.flush()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -106,13 +107,27 @@ def make_task(args: argparse.Namespace):
                           device=args.device)
 
 
-def kind_of(path: Path) -> str:
-    """"classification" for a labelled TSV (a header naming text and label), else "translation"."""
+def kind_of(path: Path, trained: Collection[str]) -> str:
+    """What ``path`` holds, for a run trained on the kinds ``trained``: "classification" for a
+    labelled TSV (a header naming text and label), "translation" for a parallel TSV (a header
+    naming a source, target or split column). A file without either header is the run's one kind;
+    for a run trained on both it is an error (a headerless ``text<TAB>label`` file reads like a
+    pair of sentences)."""
+    from aiayn.data.parallel import SOURCE_NAMES, TARGET_NAMES
     from aiayn.data.text_files import read_lines
 
     for _, line in read_lines(path):
         names = {name.strip().lower() for name in line.split("\t")}
-        return "classification" if {"text", "label"} <= names else "translation"
+        if {"text", "label"} <= names:
+            return "classification"
+        if names & {*SOURCE_NAMES, *TARGET_NAMES, "split"} and \
+                not any(len(name.split()) > 1 for name in names):
+            return "translation"
+        if len(trained) == 1:
+            return next(iter(trained))
+        raise ValueError(f"{path}: no header says whether it holds translation pairs or labelled "
+                         f"texts, and the run was trained on both: start it with a header line "
+                         f"(text<TAB>label, or src<TAB>tgt)")
     raise ValueError(f"{path}: empty file")
 
 
@@ -132,14 +147,15 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                               "beam": args.beam}
     start, written = time.perf_counter(), []
     for path in map(Path, args.data):
-        kind = kind_of(path)
+        kind = kind_of(path, run.assets.prefixes)
         if kind not in run.assets.prefixes:
             raise ValueError(f"{path}: {kind} data, but {args.run_dir} was trained on "
                              f"{sorted(run.assets.prefixes)} only")
         rows = list(examples(kind, splits(kind, path)[args.split], run.assets.prefixes[kind]))
         rows = rows[:args.limit] if args.limit is not None else rows
         outputs = generate_examples(inference.model, run.assets.tokenizer, rows,
-                                    beam_size=args.beam, alpha=args.alpha, engine=inference)
+                                    beam_size=args.beam, alpha=args.alpha,
+                                    max_length=run.assets.max_length, engine=inference)
         written += outputs
         result[kind] = {"data": str(path), "examples": len(rows),
                         **score_outputs(outputs, rows)}

@@ -38,7 +38,8 @@ PREFIXES_FILE = "prefixes.json"
 MAX_EXTRA = {"translation": 50, "classification": 8}
 # What the commands that apply a run do with each kind (error messages)
 ACTIONS = {"translation": "translate", "classification": "classify"}
-# Source subwords a generation reads (the training default of --max-length): longer ones are cut
+# Subwords of a classification source a run read when its run.json does not say (the default of
+# --max-length): a longer text is cut to its beginning, in training and in generation alike
 MAX_SOURCE_LENGTH = 128
 
 
@@ -132,7 +133,8 @@ class TextToTextTask(PairBatches):
         translations = [e for e in self.valid if e.kind == "translation"][:self.valid_sentences]
         return {**metrics, **score_examples(model, self.tokenizer, translations),
                 **score_examples(model, self.tokenizer,
-                                 [e for e in self.valid if e.kind == "classification"])}
+                                 [e for e in self.valid if e.kind == "classification"],
+                                 max_length=self.max_length)}
 
     def save_assets(self, run_dir: Path) -> dict[str, Any]:
         self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
@@ -140,21 +142,26 @@ class TextToTextTask(PairBatches):
                                                    encoding="utf-8")
         kinds = {kind: sum(e.kind == kind for e in self.valid) for kind in KINDS}
         return {"tokenizer": TOKENIZER_FILE, "prefixes": self.prefixes,
-                "vocab_size": self.tokenizer.vocab_size, "train_examples": len(self.train_source),
+                "max_length": self.max_length, "vocab_size": self.tokenizer.vocab_size,
+                "train_examples": len(self.train_source),
                 "filtered_examples": self.filtered, "valid_examples": kinds}
 
     @classmethod
     def load_assets(cls, run_dir: Path) -> "TextToTextAssets":
         prefixes = json.loads((Path(run_dir) / PREFIXES_FILE).read_text(encoding="utf-8"))
-        return TextToTextAssets(SubwordTokenizer.load(Path(run_dir) / TOKENIZER_FILE), prefixes)
+        info = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8")).get("assets", {})
+        return TextToTextAssets(SubwordTokenizer.load(Path(run_dir) / TOKENIZER_FILE), prefixes,
+                                max_length=int(info.get("max_length", MAX_SOURCE_LENGTH)))
 
 
 @dataclass(frozen=True)
 class TextToTextAssets:
-    """What decoding a text-to-text run needs: its tokenizer and its task prefixes."""
+    """What decoding a text-to-text run needs: its tokenizer, its task prefixes and the subwords
+    of a classification source it read (``max_length``)."""
 
     tokenizer: SubwordTokenizer
     prefixes: dict[str, str]
+    max_length: int = MAX_SOURCE_LENGTH
 
 
 def generate_ids(model: nn.Module, tokenizer: SubwordTokenizer, sources: Sequence[str], *,
@@ -236,12 +243,16 @@ def generate_examples(model: nn.Module, tokenizer: SubwordTokenizer,
                       examples: Sequence[TextExample], *, beam_size: int = 1, alpha: float = 0.6,
                       max_length: int = MAX_SOURCE_LENGTH, engine=None) -> list[str]:
     """The generated text of each example (``generate_texts`` with its kind's output limit);
-    examples of one kind at a time."""
+    examples of one kind at a time. A classification source is cut to ``max_length`` subwords, as
+    training cut it; a translation source is read whole (``translate_ids`` cuts only what the
+    model's positions cannot hold, and warns)."""
     if not examples:
         return []
+    kind = _one_kind(examples)
     return generate_texts(model, tokenizer, [e.source for e in examples], beam_size=beam_size,
-                          alpha=alpha, max_extra=MAX_EXTRA[_one_kind(examples)],
-                          max_length=max_length, engine=engine)
+                          alpha=alpha, max_extra=MAX_EXTRA[kind],
+                          max_length=max_length if kind == "classification" else None,
+                          engine=engine)
 
 
 def score_outputs(outputs: Sequence[str], examples: Sequence[TextExample]) -> dict[str, float]:
