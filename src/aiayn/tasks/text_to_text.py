@@ -148,9 +148,10 @@ class TextToTextTask(PairBatches):
 
     @classmethod
     def load_assets(cls, run_dir: Path) -> "TextToTextAssets":
-        prefixes = json.loads((Path(run_dir) / PREFIXES_FILE).read_text(encoding="utf-8"))
-        info = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8")).get("assets", {})
-        return TextToTextAssets(SubwordTokenizer.load(Path(run_dir) / TOKENIZER_FILE), prefixes,
+        run_dir = Path(run_dir)
+        prefixes = json.loads((run_dir / PREFIXES_FILE).read_text(encoding="utf-8"))
+        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("assets", {})
+        return TextToTextAssets(SubwordTokenizer.load(run_dir / TOKENIZER_FILE), prefixes,
                                 max_length=int(info.get("max_length", MAX_SOURCE_LENGTH)))
 
 
