@@ -300,6 +300,12 @@ for task in ("lm", "mlm"):
 cli("option-lm-evaluate-two-files",
     lambda c: ["evaluate", str(c.run("lm")), "--data", str(c.file("a.txt", "All the\n")),
                str(c.file("b.txt", "the All\n"))], "one text file", "got 2 paths")
+for task, option in (("lm", ["--beam", "4"]), ("mlm", ["--compile"]),
+                     ("classification", ["--alpha", "1.0"]), ("lm", ["--max-tokens", "100"])):
+    cli(f"option-{task}-evaluate-{option[0].lstrip('-')}",
+        lambda c, t=task, o=option: ["evaluate", str(c.run(t)), "--data",
+                                     str(c.file("t.txt", "All the\n")), *o],
+        f"{option[0]} applies to translation", f"a '{task}' run's evaluation does not use it")
 cli("option-generate-greedy-with-sampling",
     lambda c: ["generate", str(c.run("lm")), "--prompt", "All", "--greedy", "--top-k", "5",
                "--temperature", "0.7"],

@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+def add_arguments(parser: argparse.ArgumentParser, *, default: bool | None = False) -> None:
+    """``--compile``/``--no-compile``; ``default`` None: unset unless given (a command that
+    fills it per task)."""
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=default,
                         help="run decoding steps through torch.compile: tens of seconds to "
                              "compile first, then up to 1.5x faster steps; pays off on long "
                              "jobs (default: off; on a GPU the steps replay CUDA graphs "

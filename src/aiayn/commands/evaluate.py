@@ -13,6 +13,10 @@ from aiayn.commands import DefaultsHelpFormatter, engine
 from aiayn.commands.train import device_name, positive_int
 from aiayn.commands.translate import add_language_arguments
 
+# Options only some tasks read (a task module's EVALUATE_OPTIONS), and their defaults: unset
+# unless given, so that one given to a task that does not read it is refused, not dropped
+TASK_OPTIONS = {"beam": 4, "alpha": 0.6, "max_tokens": 4000, "compile": False}
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -33,10 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "one, the hash split training used. A language model's plain text: "
                              "train / valid (the run's split) or all (the default)")
     add_language_arguments(parser)
-    parser.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
-    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty (GNMT)")
-    parser.add_argument("--max-tokens", type=positive_int, default=4000,
-                        help="tokens per decoding batch")
+    parser.add_argument("--beam", type=positive_int, default=None,
+                        help="beam size (1: greedy); translation and text2text (default: 4)")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="length penalty (GNMT); translation and text2text (default: 0.6)")
+    parser.add_argument("--max-tokens", type=positive_int, default=None,
+                        help="source tokens per decoding batch (translation, text2text); a "
+                             "classification batch holds 8x this many (default: 4000)")
     parser.add_argument("--limit", type=positive_int, default=None,
                         help="only the first N examples (a language model: the first N "
                              "characters, or tokens of a token directory)")
@@ -46,12 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="also write the model outputs (one a line) here: translations "
                              "(translation and text2text runs), labels with their probability "
                              "(classification and image runs)")
-    engine.add_arguments(parser)
+    engine.add_arguments(parser, default=None)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.commands.train import task_module
+    from aiayn.commands.train import available_tasks, task_module
     from aiayn.tasks.checkpoints import directory_task
 
     if args.threads:
@@ -68,6 +75,15 @@ def run(args: argparse.Namespace) -> int:
     if args.output and not getattr(module, "WRITES_OUTPUTS", False):
         raise ValueError(f"--output writes a translation, text2text, classification or image run's "
                          f"outputs; a {task!r} run's evaluation has only scores")
+    reads = getattr(module, "EVALUATE_OPTIONS", frozenset())
+    for option, default in TASK_OPTIONS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, default)
+        elif option not in reads:
+            users = [name for name in available_tasks()
+                     if option in getattr(task_module(name), "EVALUATE_OPTIONS", ())]
+            raise ValueError(f"--{option.replace('_', '-')} applies to {', '.join(users)} runs; "
+                             f"a {task!r} run's evaluation does not use it")
     if args.split is None:  # a module's EVALUATION_SPLIT None: it decides from the data
         args.split = getattr(module, "EVALUATION_SPLIT", "test")
     result = module.evaluate(args)

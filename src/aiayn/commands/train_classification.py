@@ -14,6 +14,7 @@ from typing import Any
 from aiayn.commands.train import describe_recipes, fill_unset
 
 WRITES_OUTPUTS = True  # `aiayn evaluate --output`: each text's label and probability, one a line
+EVALUATE_OPTIONS = frozenset({"max_tokens"})  # `aiayn evaluate`: batches of 8x this many tokens
 BUNDLED_DATA = Path(__file__).resolve().parents[3] / "data" / "debian_sections_topical.tsv.gz"
 
 # Training defaults for classification (the shared defaults are the paper's translation settings):

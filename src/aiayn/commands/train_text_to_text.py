@@ -25,6 +25,8 @@ BUNDLED = {"translation": DATA / "ddtp_en_de.tsv.gz",
            "classification": DATA / "debian_sections_topical.tsv.gz"}
 PREFIXES = {"translation": "translate English to German: ", "classification": "debian section: "}
 WRITES_OUTPUTS = True  # `aiayn evaluate --output`: the generated texts, one a line, file by file
+# `aiayn evaluate`'s decoding options this task reads (the others are refused)
+EVALUATE_OPTIONS = frozenset({"beam", "alpha", "max_tokens", "compile"})
 # the classification command's stratified split (train_classification.py defaults): same test rows
 CLASSIFICATION_SPLIT = dict(valid_fraction=0.1, test_fraction=0.1, seed=0)
 
@@ -155,6 +157,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         rows = rows[:args.limit] if args.limit is not None else rows
         outputs = generate_examples(inference.model, run.assets.tokenizer, rows,
                                     beam_size=args.beam, alpha=args.alpha,
+                                    max_tokens=args.max_tokens,
                                     max_length=run.assets.max_length, engine=inference)
         written += outputs
         result[kind] = {"data": str(path), "examples": len(rows),

@@ -101,6 +101,8 @@ def make_task(args: argparse.Namespace):
 # `aiayn evaluate`'s --split when not given: decided by the data (``evaluate``).
 EVALUATION_SPLIT = None
 WRITES_OUTPUTS = True  # `aiayn evaluate --output`: the translations, one a line
+# `aiayn evaluate`'s decoding options this task reads (the others are refused)
+EVALUATE_OPTIONS = frozenset({"beam", "alpha", "max_tokens", "compile"})
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:

@@ -167,17 +167,18 @@ class TextToTextAssets:
 
 def generate_ids(model: nn.Module, tokenizer: SubwordTokenizer, sources: Sequence[str], *,
                  beam_size: int = 1, alpha: float = 0.6, max_extra: int = 50,
-                 max_length: int | None = None, engine=None
+                 max_length: int | None = None, max_tokens: int = 4000, engine=None
                  ) -> tuple[list[list[int]], list[list[int]]]:
     """(source ids, output ids without </s>) for each (prefixed) source text, greedy or beam, in
-    input order; sources are cut to ``max_length`` subwords (``engine``: an
-    ``aiayn.fast.InferenceEngine`` for ``model`` runs the searches)."""
+    input order, decoded in batches of about ``max_tokens`` source tokens; sources are cut to
+    ``max_length`` subwords (``engine``: an ``aiayn.fast.InferenceEngine`` for ``model`` runs the
+    searches)."""
     from aiayn.tasks.translate import translate_ids
 
     ids = [row[:max_length] if max_length else row for row in tokenizer.encode(list(sources))]
     with evaluating(model), torch.inference_mode():
         outputs = translate_ids(model, ids, beam_size=beam_size, alpha=alpha,
-                                max_extra=max_extra, engine=engine)
+                                max_tokens=max_tokens, max_extra=max_extra, engine=engine)
     return ids, outputs
 
 
@@ -242,7 +243,8 @@ def _one_kind(examples: Sequence[TextExample]) -> str:
 
 def generate_examples(model: nn.Module, tokenizer: SubwordTokenizer,
                       examples: Sequence[TextExample], *, beam_size: int = 1, alpha: float = 0.6,
-                      max_length: int = MAX_SOURCE_LENGTH, engine=None) -> list[str]:
+                      max_length: int = MAX_SOURCE_LENGTH, max_tokens: int = 4000,
+                      engine=None) -> list[str]:
     """The generated text of each example (``generate_texts`` with its kind's output limit);
     examples of one kind at a time. A classification source is cut to ``max_length`` subwords, as
     training cut it; a translation source is read whole (``translate_ids`` cuts only what the
@@ -253,7 +255,7 @@ def generate_examples(model: nn.Module, tokenizer: SubwordTokenizer,
     return generate_texts(model, tokenizer, [e.source for e in examples], beam_size=beam_size,
                           alpha=alpha, max_extra=MAX_EXTRA[kind],
                           max_length=max_length if kind == "classification" else None,
-                          engine=engine)
+                          max_tokens=max_tokens, engine=engine)
 
 
 def score_outputs(outputs: Sequence[str], examples: Sequence[TextExample]) -> dict[str, float]:
