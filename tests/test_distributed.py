@@ -580,3 +580,4 @@ def test_fp16_with_a_gradient_scaler_under_fsdp_equals_one_process(tmp_path):
         states = [json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
                   for path in list_checkpoints(run_dir / "checkpoints")]
         assert [state["scaler"]["scale"] for state in states] == [2.0 ** 15] * 2
+        assert [state["skipped"] for state in states] == [1, 1]  # that step, counted once

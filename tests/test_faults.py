@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import gzip
 import json
+import math
 import os
 import random
 import resource
@@ -365,6 +366,36 @@ def test_nonfinite_skip_leaves_the_weights_and_optimizer_unchanged_and_logs_it(t
     assert {"step": 3, "split": "train", "nonfinite": "skipped", "skipped": 1} in records
     assert [r["skipped"] for r in records if "loss" in r and r["split"] == "train"] == [0, 1]
     assert json.loads((step[4] / "trainer_state.json").read_text())["skipped"] == 1
+
+
+def test_fp16_scaler_skips_are_counted_as_its_scale_shows_them(tmp_path):
+    """fp16 autocast: the gradient scaler skips an update with an inf gradient (step 3's loss,
+    and any early step whose scaled gradient overflows) and halves its scale each time (no growth
+    within 2,000 steps); ``skipped`` in the log and in each checkpoint counts exactly those
+    halvings, and a resumed run carries the count on."""
+    config = training_config(steps=4, save_every=1, keep_last=0, log_every=2, autocast="fp16")
+    torch.manual_seed(0)
+    train(Transformer(tiny_config()), Poisoned({3}, float("inf")), config, tmp_path / "a")
+    states = [json.loads((path / "trainer_state.json").read_text())
+              for path in list_checkpoints(tmp_path / "a" / "checkpoints")]
+    halvings = [round(math.log2(2.0 ** 16 / state["scaler"]["scale"])) for state in states]
+    assert [state["skipped"] for state in states] == halvings
+    assert halvings[2] == halvings[1] + 1  # step 3 at least
+    records = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    assert [r["skipped"] for r in records if "loss" in r and r["split"] == "train"] == \
+        [halvings[1], halvings[3]]
+    # resumed from step 2 with step 4 poisoned: the count goes on from the checkpoint's
+    import shutil
+
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    for step in (3, 4):
+        shutil.rmtree(tmp_path / "b" / "checkpoints" / f"step-{step}")
+    torch.manual_seed(0)
+    train(Transformer(tiny_config()), Poisoned({2}, float("inf")), config, tmp_path / "b")
+    resumed = json.loads((tmp_path / "b" / "checkpoints" / "step-4" / "trainer_state.json")
+                         .read_text())
+    assert resumed["skipped"] == round(math.log2(2.0 ** 16 / resumed["scaler"]["scale"]))
+    assert resumed["skipped"] >= halvings[1] + 1
 
 
 def test_nonfinite_raise_names_the_step_and_writes_nothing_after_it(tmp_path):

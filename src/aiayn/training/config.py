@@ -44,7 +44,7 @@ class TrainingConfig:
             with a ValueError naming the first bad step, before any later checkpoint, evaluation
             or weights file is written (checked at logging, saving and evaluation, so the device
             is not synchronised every step). With fp16 autocast the gradient scaler skips bad
-            updates itself.
+            updates itself; ``skipped`` counts them too.
         progress: show a tqdm progress bar.
         device: "cpu", "cuda", ... (None: cuda if available).
         time_limit: seconds of training in this process after which no new step starts (at least

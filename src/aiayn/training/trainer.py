@@ -138,6 +138,8 @@ class Trainer:
 
         self.optimizer = make_optimizer(self.model, config)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.autocast == "fp16" else None
+        # the updates the scaler skipped in this process (on the device: counted without a sync)
+        self.scaler_skips = torch.zeros((), dtype=torch.int64, device=self.device)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(
             config.autocast or "")
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
@@ -259,6 +261,8 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
         # Every step (on the device, no sync): "skip" and "raise" both judge each step by it.
         self.grad_norm = parallel.grad_norm(self.parameters, config.clip_norm)
+        if self.scaler is not None:  # it skips exactly the steps with an inf/NaN gradient
+            self.scaler_skips += (~torch.isfinite(self.grad_norm)).any()
         if config.nonfinite == "raise":  # tracked on the device: no sync here
             finite = torch.isfinite(step_loss)
             if self.scaler is None:  # fp16: the scaler handles inf gradients itself
@@ -285,7 +289,7 @@ class Trainer:
         record = {"step": self.steps_done, "split": "train", "loss": mean_loss,
                   "ppl": math.exp(min(mean_loss, 50.0)), "lr": self.lr,
                   "grad_norm": float(self.grad_norm), "units_per_s": self.window_units / elapsed,
-                  "epoch": self.batches.epoch, "skipped": self.skipped,
+                  "epoch": self.batches.epoch, "skipped": self.skips(),
                   "seconds": time.perf_counter() - self.train_start,
                   "cpu_seconds": time.process_time() - self.cpu_start}
         self.log.write(record)
@@ -296,6 +300,11 @@ class Trainer:
         self.window_loss.zero_()
         self.window_units = 0
         self.window_start = time.perf_counter()
+
+    def skips(self) -> int:
+        """Updates skipped for an inf/NaN gradient: by ``nonfinite="skip"``, or by fp16's
+        gradient scaler (one sync)."""
+        return self.skipped + int(self.scaler_skips)
 
     def check_finite(self) -> None:
         """nonfinite="raise": stop before anything is written after a bad step (one sync)."""
@@ -337,7 +346,7 @@ class Trainer:
         rng_tensors, rng_meta = capture_rng()
         meta = {"format_version": FORMAT_VERSION, "epoch": self.batches.epoch,
                 "batch_index": self.batches.index, "optimizer": opt_meta, "rng": rng_meta,
-                "best": self.best, "skipped": self.skipped, "units": self.units_total,
+                "best": self.best, "skipped": self.skips(), "units": self.units_total,
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 # A run killed after its last checkpoint resumes without evaluating (and logging)
                 # that step a second time.
