@@ -184,6 +184,29 @@ def test_a_validation_pair_longer_than_the_position_table_is_left_out(tiny_tsv, 
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["loss"] > 0
 
 
+def test_training_pairs_left_out_are_counted_on_stderr_and_in_run_json(tiny_tsv, tmp_path,
+                                                                      capsys):
+    """Pairs over --max-length or --max-ratio are dropped from training, and the command says how
+    many (the count run.json records), with the limits that dropped them; none: no line."""
+    words = "This package contains the documentation for the library."
+    data = tmp_path / "long.tsv"
+    data.write_text(tiny_tsv.read_text(encoding="utf-8")
+                    + f"{' '.join([words] * 30)}\t{' '.join([words] * 30)}\tx\tx\ttrain\n"
+                    + f"{words}\t{' '.join([words] * 8)}\tx\tx\ttrain\n", encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(train_args(data, out, "--steps", "1", "--max-length", "64",
+                           "--max-ratio", "3")) == 0
+    err = capsys.readouterr().err
+    dropped = json.loads((out / "run.json").read_text())["assets"]["filtered_pairs"]
+    assert dropped >= 2  # the two added, and any of the tiny vocabulary's longest
+    assert f"translation: {dropped} of 52 training pairs left out: longer than 64 subwords on a " \
+           f"side (--max-length), a length ratio above 3.0 (--max-ratio) or no subwords" in err
+    assert main(train_args(tiny_tsv, tmp_path / "clean", "--steps", "1")) == 0
+    assert "left out" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "clean" / "run.json").read_text())["assets"][
+        "filtered_pairs"] == 0
+
+
 def test_a_best_metric_the_evaluation_will_not_report_is_refused_before_training(
         tiny_tsv, tmp_path, capsys):
     out = tmp_path / "run"

@@ -7,6 +7,8 @@ is ``aiayn.tasks.translation.TranslationTask``.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from typing import Any
 
@@ -91,11 +93,17 @@ def make_task(args: argparse.Namespace):
         raise ValueError("--src-lang / --tgt-lang need --init: a multilingual checkpoint (NLLB, "
                          "M2M100, mBART-50, mBART) or a run fine-tuned from one")
     args.lr_scales = embedding_lr_scales(args, pretrained.config if pretrained else None)
-    return TranslationTask(args.data, run_dir=args.out, vocab_size=args.vocab_size,
+    task = TranslationTask(args.data, run_dir=args.out, vocab_size=args.vocab_size,
                            max_tokens=args.max_tokens, max_length=args.max_length,
                            max_ratio=args.max_ratio, label_smoothing=args.label_smoothing,
                            valid_bleu_sentences=args.valid_bleu_sentences, seed=args.seed,
                            device=args.device, pretrained=pretrained)
+    if task.filtered and os.environ.get("RANK", "0") == "0":  # counted in run.json too
+        total = task.filtered + len(task.train_source)
+        print(f"translation: {task.filtered:,} of {total:,} training pairs left out: longer "
+              f"than {task.max_length} subwords on a side (--max-length), a length ratio "
+              f"above {task.max_ratio} (--max-ratio) or no subwords", file=sys.stderr)
+    return task
 
 
 # `aiayn evaluate`'s --split when not given: decided by the data (``evaluate``).

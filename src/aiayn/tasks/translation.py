@@ -181,6 +181,7 @@ class TranslationTask(PairBatches):
             raise ValueError(f"{data[0]}: no training pair is within max_length={max_length} tokens "
                              f"and max_ratio={max_ratio} (raise --max-length / --max-ratio)")
         self.filtered = len(splits["train"]) - len(self.train_source)
+        self.max_length, self.max_ratio = max_length, max_ratio  # as applied (for messages)
         # tiny corpora, or a split column without valid rows: score on seen data, and say so
         valid = splits["valid"] or splits["train"][:200]
         self.valid_from_train = not splits["valid"]
