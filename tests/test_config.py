@@ -82,6 +82,68 @@ def test_an_attention_scale_the_kernel_cannot_use_is_refused(fields, words):
         TransformerConfig.preset("tiny", **fields)
 
 
+def test_every_flag_must_be_a_bool_so_json_strings_are_refused(tmp_path):
+    """Each bool field (and each bool-or-None field) refuses a string, a number and None where
+    None is not allowed: "false" read from a JSON file used to switch the feature on."""
+    import dataclasses
+    import json
+
+    flags = [f for f in dataclasses.fields(TransformerConfig) if f.type in ("bool", "bool | None")]
+    assert {"bias", "tie_output", "norm_first", "qk_norm", "final_norm"} <= {f.name for f in flags}
+    for field in flags:
+        for value in ("false", 0, 1.0) + ((None,) if field.type == "bool" else ()):
+            with pytest.raises(ValueError, match=f"^{field.name} must be true or false"):
+                TransformerConfig.preset("tiny", **{field.name: value})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TransformerConfig.preset("tiny").to_dict(), "bias": "false"}))
+    with pytest.raises(ValueError, match="bias must be true or false, got 'false'"):
+        TransformerConfig.load(path)
+    for field, value in (("layer_norm_eps", True), ("dropout", True), ("rope_theta", True)):
+        with pytest.raises(ValueError, match=f"{field} must be"):
+            TransformerConfig.preset("tiny", **{field: value})
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(positions="rotary", position_offset=2),
+     "position_offset numbers the rows of a position table; positions='rotary' has none"),
+    (dict(positions="none", position_offset=1), "positions='none' has none"),
+    (dict(relative_attention_max_distance=7),
+     "relative_attention_max_distance=7 sizes a relative position bias, which "
+     "relative_attention_buckets=0 turns off"),
+    (dict(sliding_window=4, sliding_window_layers=[]),
+     "sliding_window_layers=[] names no layer, so the sliding_window would apply nowhere"),
+])
+def test_a_field_the_model_would_ignore_is_refused(fields, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        TransformerConfig.preset("tiny", **fields)
+
+
+def test_fields_a_model_family_would_ignore_are_refused_when_it_is_built():
+    """Checked where the config alone cannot tell: a sliding layer past the stack actually built
+    (the config's check takes the deeper of encoder and decoder), a logit cap on class logits,
+    a position offset on the ViT's patch positions."""
+    from aiayn import CausalLM, ImageClassifier, SequenceClassifier, TransformerEncoder
+
+    base = dict(vocab_size=50, d_model=32, n_heads=4, d_ff=64, max_length=40, dropout=0.0)
+    decoder = TransformerConfig(**base, n_encoder_layers=6, n_decoder_layers=2, sliding_window=2,
+                                sliding_window_layers=[4, 5])
+    with pytest.raises(ValueError, match=re.escape(
+            "sliding_window_layers=[4, 5] names layer 5, but this stack has 2 layers")):
+        CausalLM(decoder)
+    with pytest.raises(ValueError, match="names layer 3, but this stack has 2 layers"):
+        TransformerEncoder(decoder.replace(n_encoder_layers=2, n_decoder_layers=6,
+                                           sliding_window_layers=[3]))
+    CausalLM(decoder.replace(sliding_window_layers=[1]))  # within the stack: built
+    for model in (SequenceClassifier, ImageClassifier):
+        config = (TransformerConfig.preset("vit-digits") if model is ImageClassifier
+                  else TransformerConfig(**base, num_labels=3))
+        with pytest.raises(ValueError, match="logit_softcap=30.0 caps a language model's "
+                                             "vocabulary logits; a classification head"):
+            model(config.replace(logit_softcap=30.0))
+    with pytest.raises(ValueError, match="patch embedding has no position_offset"):
+        ImageClassifier(TransformerConfig.preset("vit-digits", position_offset=2))
+
+
 def test_unknown_preset_and_unknown_key():
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         TransformerConfig.preset("huge")

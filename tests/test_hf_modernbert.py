@@ -240,7 +240,6 @@ def test_aiayn_writes_and_reads_back_its_own_modernbert_config(model, window, tm
     (dict(sliding_window_layers=[2, 3]), r"layer i is global exactly when i % n == 0 .* the "
                                           r"model's sliding layers are \[2, 3\]"),
     (dict(sliding_window_layers=None), r"sliding layers are \[0, 1, 2, 3\]"),
-    (dict(sliding_window_layers=[]), "sliding_window=5 but no layer slides"),
     (dict(pooler_norm=False), "ModernBERT needs pooler_norm=True"),
     (dict(pooler_activation="tanh"), "ModernBERT needs pooler_activation='gelu'"),
 ])

@@ -5,6 +5,7 @@ absolute positions, ...). A failed check is a ValueError naming the field and th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,12 @@ SPARSE_PATTERNS = ("local", "strided", "local+strided")
 def validate(config: TransformerConfig) -> None:
     """Raise ValueError naming the first field of ``config`` that is out of range or contradicts
     another (``TransformerConfig.__post_init__`` calls it after filling the derived fields)."""
+    for field in dataclasses.fields(config):  # a flag from JSON as "false" would read as true
+        value = getattr(config, field.name)
+        if field.type in ("bool", "bool | None") and not (
+                isinstance(value, bool) or (value is None and field.type != "bool")):
+            none = " or None" if field.type != "bool" else ""
+            raise ValueError(f"{field.name} must be true or false{none}, got {value!r}")
     for name in ("vocab_size", "src_vocab_size", "d_model", "n_heads", "d_ff", "max_length",
                  "num_labels", "attention_window", "attention_stride", "attention_chunk_size",
                  "image_size", "patch_size", "num_channels"):
@@ -50,20 +57,21 @@ def validate(config: TransformerConfig) -> None:
             f"d_head")
     for name in ("dropout", "attention_dropout", "activation_dropout"):
         value = getattr(config, name)
-        if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        if not _is_number(value) or not 0.0 <= value < 1.0:
             raise ValueError(f"{name} must be in [0, 1), got {value!r}")
     if config.init_std is not None and not _is_positive(config.init_std):
         raise ValueError(f"init_std must be positive or None, got {config.init_std!r}")
     if config.scaled_residual_init and config.init_std is None:
         raise ValueError("scaled_residual_init scales init_std (GPT-2's residual projections): "
                          "it needs init_std, got None")
-    if not (isinstance(config.layer_norm_eps, (int, float)) and config.layer_norm_eps > 0):
+    if not _is_positive(config.layer_norm_eps):
         raise ValueError(f"layer_norm_eps must be positive, got {config.layer_norm_eps!r}")
     _check_choice("activation", config.activation, ACTIVATIONS)
     _check_choice("positions", config.positions, POSITION_KINDS)
-    if config.positions_skip_padding and config.positions not in ("learned", "sinusoidal"):
-        raise ValueError(f"positions_skip_padding numbers the rows of a position table; "
-                         f"positions={config.positions!r} has none")
+    for name in ("positions_skip_padding", "position_offset"):
+        if getattr(config, name) and config.positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"{name} numbers the rows of a position table; "
+                             f"positions={config.positions!r} has none")
     _check_choice("sinusoid_layout", config.sinusoid_layout, SINUSOID_LAYOUTS)
     _check_choice("pooling", config.pooling, POOLINGS)
     _check_choice("pooler_activation", config.pooler_activation, POOLER_ACTIVATIONS)
@@ -101,7 +109,7 @@ def _check_modern(config: TransformerConfig) -> None:
     if config.n_kv_heads not in (None, config.n_heads) and config.attention == "linear":
         raise ValueError(f"n_kv_heads={config.n_kv_heads} needs a softmax kernel: linear attention "
                          f"keeps one state per query head")
-    if not (isinstance(config.rope_theta, (int, float)) and config.rope_theta > 0):
+    if not _is_positive(config.rope_theta):
         raise ValueError(f"rope_theta must be positive, got {config.rope_theta!r}")
     window, layers = config.sliding_window, config.sliding_window_layers
     if window is not None and not _is_count(window):
@@ -134,6 +142,9 @@ def _check_modern(config: TransformerConfig) -> None:
     if layers is not None:
         if window is None:
             raise ValueError("sliding_window_layers needs a sliding_window")
+        if layers == []:
+            raise ValueError("sliding_window_layers=[] names no layer, so the sliding_window "
+                             "would apply nowhere: set sliding_window=None instead")
         n = max(config.n_encoder_layers, config.n_decoder_layers)
         if not isinstance(layers, list) or not all(_is_count(i, zero=True) and i < n
                                                    for i in layers):
@@ -170,6 +181,9 @@ def _check_t5(config: TransformerConfig) -> None:
         if not _is_count(value, zero=True):
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     if not buckets:
+        if distance != _default(config, "relative_attention_max_distance"):
+            raise ValueError(f"relative_attention_max_distance={distance} sizes a relative "
+                             f"position bias, which relative_attention_buckets=0 turns off")
         return
     if buckets < 4 or distance <= buckets // 2:
         raise ValueError(f"relative_attention_buckets must be >= 4 and below "
@@ -204,9 +218,18 @@ def _is_count(value: object, *, zero: bool = False) -> bool:
             and (value >= 0 if zero else value > 0))
 
 
+def _default(config: TransformerConfig, name: str) -> object:
+    return type(config).__dataclass_fields__[name].default
+
+
+def _is_number(value: object) -> bool:
+    """An int or a float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _is_positive(value: object) -> bool:
     """A number (not a bool) above 0."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    return _is_number(value) and value > 0
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

@@ -271,11 +271,7 @@ EXPORT_REQUIRED = dict(
 def _global_every(config: TransformerConfig) -> int:
     """n such that layer i is global (not sliding) exactly when i % n == 0; refused otherwise."""
     layers = config.n_encoder_layers
-    sliding = sliding_layers(config, layers)
-    if config.sliding_window is not None and not any(sliding):
-        raise ValueError(f"cannot export as ModernBERT: sliding_window={config.sliding_window} "
-                         f"but no layer slides (sliding_window_layers="
-                         f"{config.sliding_window_layers!r})")
+    sliding = sliding_layers(config, layers)  # a window slides on some layer (config checks)
     for every in range(1, layers + 1):
         if all(slides == bool(i % every) for i, slides in enumerate(sliding)):
             return every

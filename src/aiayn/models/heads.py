@@ -67,6 +67,9 @@ class ClassificationHead(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        if config.logit_softcap is not None:
+            raise ValueError(f"logit_softcap={config.logit_softcap!r} caps a language model's "
+                             f"vocabulary logits; a classification head's class logits take none")
         self.pooler = (nn.Linear(config.d_model, config.d_model, bias=config.head_bias)
                        if config.pooler else None)
         self.activation = POOLER_ACTIVATIONS[config.pooler_activation]()

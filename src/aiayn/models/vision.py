@@ -28,8 +28,8 @@ def check_vision_config(config: TransformerConfig) -> None:
 
     Raises:
         ValueError: no encoder layers, positions other than learned (the ViT's only kind), or a
-            text embedding's extra (``embedding_norm``, token types), which a patch embedding
-            does not have.
+            text embedding's extra (``embedding_norm``, token types, a ``position_offset``),
+            which a patch embedding does not have.
     """
     if config.n_encoder_layers < 1:
         raise ValueError(f"a Vision Transformer needs n_encoder_layers >= 1, got "
@@ -38,7 +38,8 @@ def check_vision_config(config: TransformerConfig) -> None:
         raise ValueError(f"a Vision Transformer has learned positions (positions='learned'), got "
                          f"positions={config.positions!r}")
     for name, value in (("embedding_norm", config.embedding_norm),
-                        ("type_vocab_size", config.type_vocab_size)):
+                        ("type_vocab_size", config.type_vocab_size),
+                        ("position_offset", config.position_offset)):
         if value:
             raise ValueError(f"a Vision Transformer's patch embedding has no {name} (a text "
                              f"embedding's), got {name}={value!r}")

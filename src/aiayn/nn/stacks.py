@@ -94,8 +94,12 @@ def make_rotary(config: TransformerConfig, *, local: bool = False) -> RotaryEmbe
 
 
 def sliding_layers(config: TransformerConfig, layers: int) -> list[bool]:
-    """Whether each of a stack's ``layers`` layers slides (``sliding_window_layers``; None: all)."""
+    """Whether each of a stack's ``layers`` layers slides (``sliding_window_layers``; None: all);
+    a ValueError for an index past the stack (the config checks only the deeper of its two)."""
     chosen = config.sliding_window_layers
+    if config.sliding_window is not None and chosen is not None and max(chosen) >= layers:
+        raise ValueError(f"sliding_window_layers={chosen} names layer {max(chosen)}, but this "
+                         f"stack has {layers} layers (indices 0 to {layers - 1})")
     return [config.sliding_window is not None and (chosen is None or index in chosen)
             for index in range(layers)]
 
