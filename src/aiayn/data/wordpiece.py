@@ -27,6 +27,7 @@ ROLES = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")
 BERT_SPECIAL_TOKENS = dict(zip(ROLES, SPECIAL_TOKENS))
 TOKENIZER_FILE = "tokenizer.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+SETTINGS_FILE = "tokenizer_config.json"
 WORD_START = "\u2581"  # marks a word's first piece while the vocabulary is learned (SentencePiece's)
 
 
@@ -59,6 +60,8 @@ class WordPieceTokenizer:
     Args:
         tokenizer: a ``tokenizers.Tokenizer``.
         special_tokens: role (``ROLES``) -> token text; None: BERT's (``BERT_SPECIAL_TOKENS``).
+        clean_up: ``decode`` removes the spaces before punctuation (a checkpoint's
+            ``clean_up_tokenization_spaces``, as ``transformers`` decodes).
 
     Attributes:
         pad_id / unk_id / cls_id / sep_id / mask_id: the special ids.
@@ -66,8 +69,9 @@ class WordPieceTokenizer:
     """
 
     def __init__(self, tokenizer: Any, *, source: str = "tokenizer",
-                 special_tokens: dict[str, str] | None = None):
+                 special_tokens: dict[str, str] | None = None, clean_up: bool = False):
         self._tokenizer = tokenizer
+        self.clean_up = clean_up
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self.special_tokens = {**BERT_SPECIAL_TOKENS, **(special_tokens or {})}
@@ -132,15 +136,14 @@ class WordPieceTokenizer:
     @classmethod
     def load(cls, path: str | Path) -> "WordPieceTokenizer":
         """Read ``tokenizer.json`` written by ``save`` (or by Hugging Face ``tokenizers``), with the
-        special tokens of a ``special_tokens_map.json`` beside it (else BERT's).
+        special tokens of a ``special_tokens_map.json`` beside it (else BERT's) and the
+        ``clean_up_tokenization_spaces`` of a ``tokenizer_config.json``.
 
         Raises:
             FileNotFoundError: no such file.
             ValueError: not a tokenizer file, or without its special tokens.
         """
         from tokenizers import Tokenizer
-
-        from aiayn.interop.hf_tokenizer import special_tokens
 
         path = Path(path)
         if not path.is_file():
@@ -149,15 +152,14 @@ class WordPieceTokenizer:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as error:  # tokenizers raises its own Exception type
             raise ValueError(f"{path}: not a tokenizer file ({error})") from None
-        named = special_tokens(path.parent)
-        return cls(tokenizer, source=str(path),
-                   special_tokens={role: named[role] for role in ROLES if role in named})
+        return cls(tokenizer, source=str(path), **_directory_settings(path.parent))
 
     @classmethod
     def from_pretrained_dir(cls, directory: str | Path) -> "WordPieceTokenizer":
         """The tokenizer of a Hugging Face encoder directory: ``tokenizer.json`` with the special
-        tokens the directory names (BERT's where it names none), else BERT's ``vocab.txt``
-        (lower-cased unless ``tokenizer_config.json`` says ``do_lower_case: false``).
+        tokens the directory names (BERT's where it names none), else BERT's ``vocab.txt`` with
+        ``tokenizer_config.json``'s settings, as ``transformers`` builds them
+        (``aiayn.interop.hf_tokenizer.bert_vocab_tokenizer``).
 
         Raises:
             FileNotFoundError: neither file is there.
@@ -172,22 +174,15 @@ class WordPieceTokenizer:
         vocab = directory / "vocab.txt"
         if not vocab.is_file():
             raise FileNotFoundError(f"{directory} has no {TOKENIZER_FILE} or vocab.txt")
-        from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+        from aiayn.interop.hf_tokenizer import bert_vocab_tokenizer
 
-        lowercase = True
-        config = directory / "tokenizer_config.json"
-        if config.is_file():
-            lowercase = bool(json.loads(config.read_text(encoding="utf-8"))
-                             .get("do_lower_case", True))
-        tokenizer = Tokenizer(models.WordPiece.from_file(str(vocab), unk_token=UNK))
-        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
-        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tokenizer.decoder = decoders.WordPiece()
-        return cls(tokenizer, source=str(vocab))
+        return cls(bert_vocab_tokenizer(directory), source=str(vocab),
+                   **_directory_settings(directory))
 
     def save(self, path: str | Path) -> None:
-        """Write the tokenizer as ``tokenizer.json`` (atomically), and special tokens other than
-        BERT's to ``special_tokens_map.json`` beside it."""
+        """Write the tokenizer as ``tokenizer.json`` (atomically), special tokens other than
+        BERT's to ``special_tokens_map.json`` beside it, and ``clean_up`` to
+        ``tokenizer_config.json``."""
         from aiayn.training.checkpoint import atomic_write_bytes
 
         path = Path(path)
@@ -196,6 +191,9 @@ class WordPieceTokenizer:
             atomic_write_bytes(path.parent / SPECIAL_TOKENS_FILE,
                                json.dumps(self.special_tokens, indent=1,
                                           ensure_ascii=False).encode("utf-8"))
+        if self.clean_up:
+            atomic_write_bytes(path.parent / SETTINGS_FILE,
+                               b'{"clean_up_tokenization_spaces": true}\n')
 
     # --- use ------------------------------------------------------------------------------------
     def encode(self, texts: Sequence[str], *, max_length: int) -> list[list[int]]:
@@ -215,4 +213,20 @@ class WordPieceTokenizer:
         return self._tokenizer.encode(text, add_special_tokens=False).tokens
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+        """The text of ``ids``, special tokens left out (and spaces cleaned up with
+        ``clean_up``)."""
+        from aiayn.interop.hf_tokenizer import clean_up_tokenization
+
+        text = self._tokenizer.decode(list(ids), skip_special_tokens=True)
+        return clean_up_tokenization(text) if self.clean_up else text
+
+
+def _directory_settings(directory: Path) -> dict[str, Any]:
+    """The special tokens a directory names and its ``clean_up_tokenization_spaces``
+    (``WordPieceTokenizer``'s keyword arguments)."""
+    from aiayn.interop.hf_tokenizer import read_json_object, special_tokens
+
+    named = special_tokens(directory)
+    settings = read_json_object(directory / SETTINGS_FILE)
+    return {"special_tokens": {role: named[role] for role in ROLES if role in named},
+            "clean_up": bool(settings.get("clean_up_tokenization_spaces", False))}

@@ -8,7 +8,8 @@ directory with only ``vocab.txt`` gets the standard BERT WordPiece pipeline (low
 truncation stored in ``tokenizer.json`` (all-MiniLM-L6-v2 pads every text to 128) are switched off:
 aiayn builds its own padding masks. Decoding skips special tokens and, where
 ``tokenizer_config.json`` asks for it (``clean_up_tokenization_spaces``), removes the spaces before
-punctuation as ``transformers`` does.
+punctuation as ``transformers`` 5 does: not for a BPE model (GPT-2, Llama), whose decoded text
+already has its real spaces.
 """
 
 from __future__ import annotations
@@ -83,6 +84,30 @@ class PretrainedTokenizer:
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         text = self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return clean_up_tokenization(text) if self.clean_up else text
+
+
+# BERT's special tokens, where a vocab.txt directory names none
+BERT_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
+                 "sep_token": "[SEP]", "mask_token": "[MASK]"}
+
+
+def bert_vocab_tokenizer(directory: str | Path):
+    """The ``tokenizers.Tokenizer`` of a BERT directory with ``vocab.txt`` and no
+    ``tokenizer.json``, as ``transformers``' ``BertTokenizerFast`` builds it: its
+    ``tokenizer_config.json`` settings (``do_lower_case``, ``strip_accents``,
+    ``tokenize_chinese_chars``) and its special tokens registered (a "[SEP]" in a text is one id;
+    decoding skips them)."""
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    directory = Path(directory)
+    settings = read_json_object(directory / "tokenizer_config.json")
+    specials = {**BERT_SPECIALS, **special_tokens(directory)}
+    accents = settings.get("strip_accents")
+    return BertWordPieceTokenizer(
+        str(directory / "vocab.txt"), lowercase=bool(settings.get("do_lower_case", True)),
+        strip_accents=None if accents is None else bool(accents),
+        handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
+        **{name: specials[name] for name in BERT_SPECIALS})._tokenizer
 
 
 def clean_up_tokenization(text: str) -> str:
@@ -204,13 +229,9 @@ def load_tokenizer(path: str | Path):
         except Exception as error:  # tokenizers raises a bare Exception for malformed files
             raise ValueError(f"{tokenizer_file}: not a readable tokenizer ({error})") from None
     elif vocab_file.is_file():
-        from tokenizers.implementations import BertWordPieceTokenizer
-
-        tokenizer = BertWordPieceTokenizer(str(vocab_file),
-                                           lowercase=bool(settings.get("do_lower_case", True)))._tokenizer
-        for name, default in (("pad_token", "[PAD]"), ("unk_token", "[UNK]"), ("cls_token", "[CLS]"),
-                              ("sep_token", "[SEP]"), ("mask_token", "[MASK]")):
+        for name, default in BERT_SPECIALS.items():
             specials.setdefault(name, default)
+        tokenizer = bert_vocab_tokenizer(directory)
     elif (directory / "source.spm").is_file():
         from aiayn.interop.hf_marian_tokenizer import MarianTokenizer
 
@@ -223,5 +244,8 @@ def load_tokenizer(path: str | Path):
         raise FileNotFoundError(f"{directory}: no tokenizer found (looked for tokenizer.json, "
                                 f"vocab.txt, Marian's source.spm and M2M100's "
                                 f"sentencepiece.bpe.model + vocab.json)")
-    return PretrainedTokenizer(tokenizer, specials,
-                               clean_up=bool(settings.get("clean_up_tokenization_spaces", False)))
+    # transformers 5 leaves a BPE model's text as decoded: the clean-up would strip real spaces
+    clean_up = bool(settings.get("clean_up_tokenization_spaces", False)) and (
+        type(tokenizer.model).__name__ != "BPE" or bool(settings.get(
+            "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
+    return PretrainedTokenizer(tokenizer, specials, clean_up=clean_up)
