@@ -427,7 +427,7 @@ api("model-generate-nan-temperature",
 api("model-generate-encoder-decoder", lambda c: _generate(Transformer(TINY).eval(), [1, 2]),
     TypeError, "decoder-only model", "beam_search")
 api("model-beam-nan-alpha", lambda c: _search("beam", alpha=float("nan")), ValueError,
-    "alpha must be non-negative", "nan")
+    "alpha must be a non-negative number", "nan")
 api("model-beam-negative-max-extra", lambda c: _search("beam", max_extra=-5), ValueError,
     "max_extra must be a non-negative integer, got -5")
 api("model-greedy-1d-source", lambda c: _search("greedy", source=ids(5)), ValueError,

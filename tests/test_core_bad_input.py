@@ -4,13 +4,33 @@ import pytest
 import torch
 
 from aiayn import CausalLM, SequenceClassifier, Transformer, TransformerConfig, TransformerEncoder
+from aiayn.decoding.beam import beam_search
+from aiayn.decoding.generation import GenerationConfig
+from aiayn.decoding.greedy import greedy_search
+from aiayn.fast import prepare_for_inference
 from aiayn.nn.attention import FusedAttention, MultiHeadAttention, SelfAttention
 
 CONFIG = TransformerConfig.preset("tiny")
+NOT_ENCODER_DECODER = (r"decodes with an encoder-decoder model \(Transformer\), got {}; continue "
+                       r"prompts of a decoder-only model \(CausalLM\) with "
+                       r"aiayn\.decoding\.generation\.generate")
 
 
 def ids(*shape):
     return torch.randint(3, 100, shape)
+
+
+def search(function, model=None, **options):
+    """``function`` (a search, or an engine's) on ``model`` (default: an encoder-decoder)."""
+    model = (model or Transformer(CONFIG)).eval()
+    source = ids(2, 5)
+    return function(model, source, source != 0, **options)
+
+
+def engine_search(name):
+    """The ``aiayn.fast`` engine's search ``name`` as a ``search`` function."""
+    return lambda model, source, mask, **options: getattr(
+        prepare_for_inference(model), name)(source, mask, **options)
 
 
 @pytest.mark.parametrize("call, error, words", [
@@ -66,6 +86,40 @@ def ids(*shape):
      "positions must be an integer tensor, got torch.float32"),
     (lambda: SequenceClassifier(CONFIG)(ids(2, 3), padding_mask=torch.ones(3, 3, dtype=torch.bool)),
      ValueError, r"\(B=2, S=3\)"),
+    (lambda: TransformerEncoder(CONFIG.replace(type_vocab_size=2))(
+        ids(2, 7), token_types=torch.zeros(2, 7)), TypeError,
+     r"token_types must hold integer segment ids \(torch.long\), got torch.float32"),
+    (lambda: TransformerEncoder(CONFIG.replace(type_vocab_size=2))(
+        ids(1, 2), token_types=[[0, 1]]), TypeError,
+     "token_types must be a tensor of segment ids, got list"),
+    (lambda: search(greedy_search, CausalLM(CONFIG)), TypeError,
+     "greedy_search " + NOT_ENCODER_DECODER.format("CausalLM")),
+    (lambda: search(beam_search, CausalLM(CONFIG)), TypeError,
+     "beam_search " + NOT_ENCODER_DECODER.format("CausalLM")),
+    (lambda: search(beam_search, TransformerEncoder(CONFIG)), TypeError,
+     "beam_search " + NOT_ENCODER_DECODER.format("TransformerEncoder")),
+    (lambda: search(engine_search("greedy_search"), CausalLM(CONFIG)), TypeError,
+     "greedy_search " + NOT_ENCODER_DECODER.format("CausalLM")),
+    (lambda: search(engine_search("beam_search"), SequenceClassifier(CONFIG)), TypeError,
+     "beam_search " + NOT_ENCODER_DECODER.format("SequenceClassifier")),
+    (lambda: search(beam_search, alpha="0.6"), ValueError,
+     "alpha must be a non-negative number, got '0.6'"),
+    (lambda: search(beam_search, alpha=True), ValueError,
+     "alpha must be a non-negative number, got True"),
+    (lambda: search(engine_search("beam_search"), alpha=None), ValueError,
+     "alpha must be a non-negative number, got None"),
+    (lambda: search(beam_search, beam_size=True), ValueError,
+     "beam_size must be a positive integer, got True"),
+    (lambda: search(beam_search, max_extra="5"), ValueError,
+     "max_extra must be a non-negative integer, got '5'"),
+    (lambda: search(greedy_search, max_extra=True), ValueError,
+     "max_extra must be a non-negative integer, got True"),
+    (lambda: GenerationConfig(temperature=True), ValueError,
+     r"temperature must be >= 0 \(0 = greedy\), got True"),
+    (lambda: GenerationConfig(top_p=True), ValueError,
+     r"top_p must be in \(0, 1\] or None, got True"),
+    (lambda: GenerationConfig(min_p=False), ValueError,
+     r"min_p must be in \[0, 1\] or None, got False"),
 ])
 def test_bad_model_input_raises_clear_error(call, error, words):
     with pytest.raises(error, match=words):

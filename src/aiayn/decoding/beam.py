@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from aiayn.decoding.greedy import (DecoderStep, Hypothesis, blocked_tokens, cross_attention_mask,
-                                   decoder_step, first_tokens, output_limits)
+from aiayn.decoding.greedy import (DecoderStep, Hypothesis, blocked_tokens, check_encoder_decoder,
+                                   cross_attention_mask, decoder_step, first_tokens, output_limits)
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -31,13 +31,13 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
 
 def check_beam_options(beam_size: int, alpha: float, vocab_size: int) -> None:
     """Raise ValueError unless K is a positive integer with 2K candidates in the vocabulary and
-    alpha a non-negative number."""
-    if not isinstance(beam_size, int) or beam_size < 1:
+    alpha a non-negative number (a bool is neither: True would silently mean 1)."""
+    if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     if 2 * beam_size > vocab_size:
         raise ValueError(f"beam_size {beam_size} is too large for a vocabulary of {vocab_size}")
-    if not alpha >= 0:  # NaN too
-        raise ValueError(f"alpha must be non-negative, got {alpha!r}")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0:  # NaN too
+        raise ValueError(f"alpha must be a non-negative number, got {alpha!r}")
 
 
 def force_eos(log_probs: Tensor, forced: Tensor, eos: int) -> Tensor:
@@ -112,9 +112,12 @@ def beam_search(model: nn.Module, source: Tensor, source_mask: Tensor, *, beam_s
         start: the decoder's start symbol in place of the model's (``greedy_search``'s).
 
     Raises:
-        ValueError: beam_size < 1 or larger than the vocabulary allows, alpha < 0; ``start`` or
-            a forced token is not an id of the vocabulary.
+        TypeError: ``model`` is not an encoder-decoder (``generate`` continues a decoder-only one).
+        ValueError: beam_size not an integer >= 1 or larger than the vocabulary allows, alpha not
+            a number >= 0, max_extra not an integer >= 0; ``start`` or a forced token is not an id
+            of the vocabulary.
     """
+    check_encoder_decoder(model, "beam_search")
     config = model.config
     check_beam_options(beam_size, alpha, config.vocab_size)
     K, eos = beam_size, config.eos_id

@@ -102,18 +102,15 @@ class GenerationConfig:
         if not all(id_like(t) for t in stop_ids):
             raise ValueError(f"stop_ids must be integer token ids, got {self.stop_ids!r}")
         object.__setattr__(self, "stop_ids", stop_ids)
-        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+        if not _number(self.temperature) or not self.temperature >= 0:  # NaN too
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if self.top_k is not None and not _positive_int(self.top_k):
             raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
-        if self.top_p is not None and not (isinstance(self.top_p, (int, float))
-                                           and 0.0 < self.top_p <= 1.0):
+        if self.top_p is not None and not (_number(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
-        if self.min_p is not None and not (isinstance(self.min_p, (int, float))
-                                           and 0.0 <= self.min_p <= 1.0):
+        if self.min_p is not None and not (_number(self.min_p) and 0.0 <= self.min_p <= 1.0):
             raise ValueError(f"min_p must be in [0, 1] or None, got {self.min_p!r}")
-        if not (isinstance(self.repetition_penalty, (int, float))
-                and not isinstance(self.repetition_penalty, bool) and self.repetition_penalty > 0):
+        if not (_number(self.repetition_penalty) and self.repetition_penalty > 0):
             raise ValueError(f"repetition_penalty must be > 0 (1 = off), got "
                              f"{self.repetition_penalty!r}")
         if not _positive_int(self.check_every):
@@ -137,6 +134,11 @@ class GenerationConfig:
 
 def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _number(value: object) -> bool:
+    """An int or a float, not a bool (True would silently mean 1)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass

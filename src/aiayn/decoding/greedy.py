@@ -26,6 +26,16 @@ class Hypothesis:
     score: float  # log-probability (beam: divided by the length penalty)
 
 
+def check_encoder_decoder(model: nn.Module, search: str) -> None:
+    """Raise TypeError unless ``model`` encodes a source and decodes from it (an encoder-decoder
+    ``Transformer``): a decoder-only or encoder-only model has nothing for a search to decode
+    from (``generate``, which continues prompts, refuses an encoder-decoder the same way)."""
+    if not (callable(getattr(model, "encode", None)) and callable(getattr(model, "decode", None))):
+        raise TypeError(f"{search} decodes with an encoder-decoder model (Transformer), got "
+                        f"{type(model).__name__}; continue prompts of a decoder-only model "
+                        f"(CausalLM) with aiayn.decoding.generation.generate")
+
+
 def output_limits(source_mask: Tensor, *, max_extra: int, model_max_length: int | None) -> Tensor:
     """Per-sentence number of output tokens, </s> included: the paper's "input length + 50"
     (section 6.1), capped by the position table (a hypothesis of n tokens feeds the decoder n
@@ -111,8 +121,11 @@ def greedy_search(model: nn.Module, source: Tensor, source_mask: Tensor, *,
         One hypothesis per sentence, in input order.
 
     Raises:
-        ValueError: ``start`` or a forced token is not an id of the vocabulary.
+        TypeError: ``model`` is not an encoder-decoder (``generate`` continues a decoder-only one).
+        ValueError: ``start`` or a forced token is not an id of the vocabulary, or ``max_extra``
+            is not a non-negative integer.
     """
+    check_encoder_decoder(model, "greedy_search")
     config = model.config
     batch = source.shape[0]
     limits = output_limits(source_mask, max_extra=max_extra, model_max_length=config.position_limit)

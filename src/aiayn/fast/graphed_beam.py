@@ -44,7 +44,8 @@ from torch import Tensor, nn
 
 from aiayn.decoding.beam import (best_hypothesis, check_beam_options, extend, force_eos,
                                  length_penalty, sentence_done)
-from aiayn.decoding.greedy import Hypothesis, blocked_tokens, first_tokens, output_limits
+from aiayn.decoding.greedy import (Hypothesis, blocked_tokens, check_encoder_decoder, first_tokens,
+                                   output_limits)
 from aiayn.fast.cuda_graphs import capture, storage_key, use_shape
 from aiayn.nn.attention.cache import DecoderCache, KVCache
 
@@ -200,6 +201,7 @@ class GraphedBeam:
         """``beam_search(model, source, source_mask, ...)``'s hypotheses (same arguments). A model
         moved, cast or given new parameter tensors since a shape's graph was captured gets a new
         one (``storage_key``)."""
+        check_encoder_decoder(model, "GraphedBeam")
         config = model.config
         check_beam_options(beam_size, alpha, config.vocab_size)
         K, forced = beam_size, list(forced)

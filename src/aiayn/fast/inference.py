@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from aiayn.decoding.beam import beam_search
 from aiayn.decoding.generation import Generation, GenerationConfig, Steps, decode_step, generate
-from aiayn.decoding.greedy import Hypothesis, decoder_step, greedy_search
+from aiayn.decoding.greedy import Hypothesis, check_encoder_decoder, decoder_step, greedy_search
 from aiayn.fast.cuda_graphs import GraphedSteps, slot_step
 from aiayn.fast.graphed_beam import GraphedBeam, beam_slot_step
 
@@ -145,6 +145,7 @@ class InferenceEngine:
         replays CUDA graphs (``beam_search``), the same search as a one-beam search without a
         length penalty, which is greedy search (the same tokens and scores:
         tests/test_fast_inference.py), replayed from them."""
+        check_encoder_decoder(self.model, "greedy_search")  # before choosing a graphed search
         graphed = self._graphed_search()
         if graphed:
             run = self._run_graphed(graphed, source, source_mask, beam_size=1, alpha=0.0, **kwargs)
@@ -156,6 +157,7 @@ class InferenceEngine:
         """``aiayn.decoding.beam.beam_search`` on this engine's steps; where ``uses_cuda_graphs``
         and the model takes fixed-shape steps (``GraphedBeam.supports``: not T5), the same search
         replayed from CUDA graphs."""
+        check_encoder_decoder(self.model, "beam_search")  # before choosing a graphed search
         graphed = self._graphed_search()
         if graphed:
             run = self._run_graphed(graphed, source, source_mask, **kwargs)

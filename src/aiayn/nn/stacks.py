@@ -52,6 +52,20 @@ def check_ids(ids: Tensor, name: str) -> None:
         raise ValueError(f"{name} is empty (length 0)")
 
 
+def check_token_types(token_types: Tensor, shape: tuple[int, ...]) -> None:
+    """Segment ids must be an integer tensor of the ids' ``shape``; their range is checked by the
+    embedding lookup (``Embeddings.forward``)."""
+    if not isinstance(token_types, Tensor):
+        raise TypeError(f"token_types must be a tensor of segment ids, got "
+                        f"{type(token_types).__name__}")
+    if token_types.dtype not in (torch.long, torch.int32, torch.int64):
+        raise TypeError(f"token_types must hold integer segment ids (torch.long), got "
+                        f"{token_types.dtype}")
+    if tuple(token_types.shape) != shape:
+        raise ValueError(f"token_types must have the shape of ids {shape}, got "
+                         f"{tuple(token_types.shape)}")
+
+
 def check_positions(positions: Tensor, batch: int, length: int,
                     max_length: int | None) -> None:
     """Explicit positions must be an integer (B, T) tensor of values in [0, max_length) (None: no
@@ -151,9 +165,8 @@ class Encoder(nn.Module):
             mask = key_padding_to_attention(padding_mask)  # (B, 1, 1, S)
             if self.skip_padding:
                 positions = self.embeddings.real_positions(padding_mask)  # (B, S)
-        if token_types is not None and token_types.shape != ids.shape:
-            raise ValueError(f"token_types must have the shape of ids {tuple(ids.shape)}, got "
-                             f"{tuple(token_types.shape)}")
+        if token_types is not None:
+            check_token_types(token_types, tuple(ids.shape))
         x = self.embeddings(ids, token_types=token_types, positions=positions)  # (B, S, D)
         return self.forward_embedded(x, mask, need_weights=need_weights)
 
