@@ -364,7 +364,7 @@ def test_codes_for_a_checkpoint_without_them_are_refused(tmp_path):
     directory = tmp_path / "plain"
     directory.mkdir()
     (directory / "tokenizer_config.json").write_text('{"tokenizer_class": "BartTokenizer"}')
-    with pytest.raises(ValueError, match=r"--src-lang apply to multilingual checkpoints"):
+    with pytest.raises(ValueError, match=r"--src-lang applies to multilingual checkpoints"):
         language_ids(language_codes(directory), None, "en_XX", None)
     assert language_ids(language_codes(directory), None, None, None) == LanguageIds()
 

@@ -194,6 +194,25 @@ def test_separate_vocab_marian_saved_by_transformers_4_loads(tmp_path):
         aiayn.from_pretrained(tmp_path / "neither")
 
 
+def test_marian_tokenizer_ids_equal_transformers_on_hard_text(tmp_path):
+    """Marian's SentencePiece + vocab.json tokenizer against transformers' MarianTokenizer, source
+    and target side: a special token's text inside a sentence is that token's id, as there
+    (it was pieces), and the odd inputs (spaces, accents, unseen characters) agree too."""
+    pytest.importorskip("sentencepiece")
+    from checkpoint_builders import marian
+
+    from aiayn.interop.hf_tokenizer import load_tokenizer
+
+    directory = marian(tmp_path / "marian")
+    ours, theirs = load_tokenizer(directory), transformers.MarianTokenizer.from_pretrained(directory)
+    for text in ["", "   ", "  the  house  ", "</s>", "<unk>", "<pad>", "x</s>y", "a <unk> b",
+                 "das Haus</s></s>", "café cafe\u0301 中文 🙂", ">>de<< the house"]:
+        assert ours.encode(text) == theirs(text)["input_ids"], text
+        assert ours.encode(text, target=True) == theirs(text_target=text)["input_ids"], text
+        ids = theirs(text)["input_ids"]
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
+
+
 def test_marian_positions_are_hf_sinusoids(tmp_path):
     """Marian's sin | cos halves table equals aiayn's "split" layout (and is checked if saved)."""
     hf_model, config, _ = _seq2seq_case("marian", "d42-h3-e2d3-swish-scaled")

@@ -131,7 +131,8 @@ def language_ids(languages: LanguageCodes, tokenizer, src_lang: str | None,
              if value is not None]
     if languages.family is None:
         if given:
-            raise ValueError(f"{languages.directory}: {' / '.join(given)} apply to multilingual "
+            verb = "apply" if len(given) > 1 else "applies"
+            raise ValueError(f"{languages.directory}: {' / '.join(given)} {verb} to multilingual "
                              f"checkpoints (NLLB, M2M100, mBART-50, mBART); this tokenizer has "
                              f"no language codes")
         return LanguageIds()

@@ -2,8 +2,8 @@
 ``vocab.json``, as ``transformers.MarianTokenizer`` uses them (``aiayn.interop.hf_sentencepiece``).
 
 Encoding splits a text into pieces with the source model (a leading ``>>xx<<`` language code is kept
-as one token), looks each piece up in ``vocab.json`` (a piece it lacks is ``<unk>``) and appends
-``</s>``. Decoding drops the special tokens and joins the pieces with the source model when the two
+as one token, and so is a special token's text inside it, e.g. ``</s>``), looks each piece up in
+``vocab.json`` (a piece it lacks is ``<unk>``) and appends ``</s>``. Decoding drops the special tokens and joins the pieces with the source model when the two
 sides share ``vocab.json`` (MarianTokenizer's default, ``separate_vocabs=false``), else with the target
 model. Targets for training are encoded with the target model. MarianTokenizer also normalises
 punctuation with ``sacremoses`` when that package is installed; aiayn does not.
@@ -11,6 +11,7 @@ punctuation with ``sacremoses`` when that package is installed; aiayn does not.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from aiayn.interop.hf_sentencepiece import WORD_START, load_model, piece_ids, read_json
@@ -47,6 +48,10 @@ class MarianTokenizer:
         if missing:
             raise ValueError(f"{directory / VOCAB}: no entry for {', '.join(missing)}")
         self.special_ids = {name: self.vocabulary[token] for name, token in names.items()}
+        # a special token's text is that token, never pieces (the longest first: '</s>' < '</s>x')
+        self._special = set(names.values())
+        self._split = re.compile("(" + "|".join(
+            re.escape(token) for token in sorted(self._special, key=len, reverse=True)) + ")")
         self.models = [load_model(directory / name, "Marian") for name in (SOURCE_SPM, TARGET_SPM)]
         self._tokens = {index: token for token, index in self.target_vocabulary.items()}
         self.files = [SOURCE_SPM, TARGET_SPM, VOCAB] + (
@@ -72,7 +77,10 @@ class MarianTokenizer:
         code = []
         if text.startswith(">>") and (end := text.find("<<")) != -1:  # a language code
             code, text = [text[:end + 2]], text[end + 2:]
-        pieces = code + self.models[1 if target else 0].encode(text, out_type=str)
+        model = self.models[1 if target else 0]
+        pieces = code + [piece for part in self._split.split(text) if part  # odd parts: specials
+                         for piece in ([part] if part in self._special
+                                       else model.encode(part, out_type=str))]
         return pieces + ([self.id_to_token(self.special_ids["eos_token"])]
                          if add_special_tokens else [])
 
