@@ -204,7 +204,8 @@ def test_marian_tokenizer_ids_equal_transformers_on_hard_text(tmp_path):
     from aiayn.interop.hf_tokenizer import load_tokenizer
 
     directory = marian(tmp_path / "marian")
-    ours, theirs = load_tokenizer(directory), transformers.MarianTokenizer.from_pretrained(directory)
+    ours = load_tokenizer(directory)
+    theirs = transformers.MarianTokenizer.from_pretrained(directory)
     for text in ["", "   ", "  the  house  ", "</s>", "<unk>", "<pad>", "x</s>y", "a <unk> b",
                  "das Haus</s></s>", "café cafe\u0301 中文 🙂", ">>de<< the house"]:
         assert ours.encode(text) == theirs(text)["input_ids"], text
