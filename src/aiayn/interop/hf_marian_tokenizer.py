@@ -4,9 +4,10 @@
 Encoding splits a text into pieces with the source model (a leading ``>>xx<<`` language code is kept
 as one token, and so is a special token's text inside it, e.g. ``</s>``), looks each piece up in
 ``vocab.json`` (a piece it lacks is ``<unk>``) and appends ``</s>``. Decoding drops the special
-tokens and joins the pieces with the source model when the two sides share ``vocab.json`` (MarianTokenizer's default, ``separate_vocabs=false``), else with the target
-model. Targets for training are encoded with the target model. MarianTokenizer also normalises
-punctuation with ``sacremoses`` when that package is installed; aiayn does not.
+tokens and joins the pieces with the source model when the two sides share ``vocab.json``
+(MarianTokenizer's default, ``separate_vocabs=false``), else with the target model. Targets for
+training are encoded with the target model. MarianTokenizer also normalises punctuation with
+``sacremoses`` when that package is installed; aiayn does not.
 """
 
 from __future__ import annotations
