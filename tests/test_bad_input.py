@@ -263,6 +263,10 @@ cli("data-classification-evaluate-unseen-label",
 cli("data-lm-evaluate-unseen-character",
     lambda c: ["evaluate", str(c.run("lm")), "--data", str(c.file("z.txt", "First Zebra\n"))],
     "z.txt", "'Z'")
+cli("data-lm-evaluate-text-shorter-than-the-context",
+    lambda c: ["evaluate", str(c.run("lm")), "--data", str(c.file("s.txt", "All the\n")),
+               "--split", "valid"], "the valid part of", "s.txt text has",
+    "shorter than the context")
 cli("data-lm-generate-unseen-character",
     lambda c: ["generate", str(c.run("lm")), "--prompt", "Zebra", "--max-new-tokens", "2"],
     "'Z' is not in the model's vocabulary")

@@ -63,6 +63,20 @@ def test_byte_bpe_round_trips_any_text_and_reserves_id_0(bpe):
     assert len(bpe.encode(TEXT).ids) < len(TEXT) / 1.5  # 143 merges: > 1.5 characters a token
 
 
+def test_the_literal_end_of_text_marker_is_id_0_as_transformers_reads_it(bpe, tmp_path):
+    """The one text that does not round-trip: "<|endoftext|>" in a corpus is the separator's id,
+    as transformers' tokenizer reads the saved file (GPT-2's behaviour), and decoding drops it."""
+    from transformers import PreTrainedTokenizerFast
+
+    from aiayn.data.byte_bpe import save_byte_bpe
+
+    text = "First document.<|endoftext|>Second one."
+    ids = bpe.encode(text).ids
+    assert ids.count(0) == 1 and bpe.decode(ids) == "First document.Second one."
+    theirs = PreTrainedTokenizerFast(tokenizer_file=str(save_byte_bpe(bpe, tmp_path)))
+    assert theirs(text)["input_ids"] == ids
+
+
 def test_byte_bpe_needs_room_for_the_bytes():
     with pytest.raises(ValueError, match="at least 257 entries"):
         learn_byte_bpe(["abc"], vocab_size=256)

@@ -126,7 +126,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     default) or ``train.bin``, scored in bits per token."""
     import torch
 
-    from aiayn.data.text import VALID_FRACTION, CharVocabulary
+    from aiayn.data.text import VALID_FRACTION, CharVocabulary, check_length
     from aiayn.data.chunked_encoding import encode_text
     from aiayn.data.token_files import TokenFiles, count_characters
     from aiayn.tasks.lm import batch_encoder, evaluate_ids, predicted_characters
@@ -152,6 +152,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         ids = tokens.valid if split == "valid" else tokens.train
         if args.limit is not None:
             ids = ids[:args.limit]
+        check_length(ids, context, f"{split} part of {path}")
         metrics = evaluate_ids(model, ids, block_size=context, device=device, characters=0)
         return {"task": "lm", "data": str(path), "split": split, **metrics}
     # The part asked for, streamed through the vocabulary in the chunks training encoded its
@@ -167,6 +168,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     vocabulary = run.assets
     ids, length = encode_text(path, encode_batch=batch_encoder(vocabulary),
                               vocab_size=len(vocabulary), start=start, stop=stop)
+    check_length(ids, context,
+                 str(path) if args.split == "all" else f"{args.split} part of {path}")
     characters = None  # characters: one token each
     if not isinstance(vocabulary, CharVocabulary):  # subwords: bits per character and per token
         characters = predicted_characters(vocabulary, ids, length)

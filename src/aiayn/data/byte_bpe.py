@@ -2,8 +2,10 @@
 
 The text is split by GPT-2's pre-tokenizer pattern into words, their UTF-8 bytes are the initial
 256 symbols, and the most frequent adjacent pairs are merged until the vocabulary has
-``vocab_size`` entries. Any text encodes (no unknown token) and decodes back exactly.
-Id 0 is ``<|endoftext|>`` (GPT-2's document separator), which plain text never produces.
+``vocab_size`` entries. Any text encodes (no unknown token) and decodes back exactly, except the
+literal text ``<|endoftext|>``: id 0 is that token (GPT-2's document separator), and as GPT-2's
+tokenizer in ``transformers`` reads it, the text ``<|endoftext|>`` is that id, which decoding
+leaves out.
 
 Saved as a Hugging Face ``tokenizer.json``: ``aiayn.interop.hf_tokenizer.load_tokenizer`` and
 ``transformers``' ``PreTrainedTokenizerFast(tokenizer_file=...)`` read it.
