@@ -116,6 +116,21 @@ def test_attention_report_files_and_images(tmp_path):
                                tmp_path / "bad")
 
 
+def test_a_layer_is_checked_against_the_kind_drawn(tmp_path):
+    """--kind decoder --layer 1 on a model with one encoder and two decoder layers draws that
+    decoder layer (the encoder's depth does not refuse it); without --kind every kind must have
+    the layer."""
+    torch.manual_seed(0)
+    model = Transformer(tiny(n_encoder_layers=1, n_decoder_layers=2)).eval()
+    example = Example([5, 6, 7, 2], list("abcd"), [1, 8, 9], list("xyz"))
+    written = write_attention_report(model, [example], tmp_path / "ok", kind="decoder", layer=1)
+    assert written["decoder_L1_H0"].is_file()
+    with pytest.raises(ValueError, match=r"--layer 1: encoder attention has layers 0\.\.0"):
+        write_attention_report(model, [example], tmp_path / "bad", layer=1)
+    with pytest.raises(ValueError, match=r"--layer 1: encoder attention has layers 0\.\.0"):
+        write_attention_report(model, [example], tmp_path / "bad", kind="encoder", layer=1)
+
+
 def test_heatmap_label_mismatch_is_an_error(tmp_path):
     from aiayn.visualise.heatmaps import plot_attention_grid, plot_attention_head
 

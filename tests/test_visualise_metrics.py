@@ -169,3 +169,47 @@ def test_write_metrics_json_and_csv(tmp_path):
     assert loaded[0]["self_mass"] == 1.0 and loaded[0]["previous_mass"] is None
     (record,) = list(csv.DictReader(open(tmp_path / "m.csv")))
     assert record["label"] == "self" and float(record["self_mass"]) == 1.0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_head_uniform_over_its_sliding_window_is_broad(causal):
+    """A layer with a sliding window W lets query i see only the keys less than W positions away
+    (and not later ones when causal): a head spread evenly over them has normalised entropy 1,
+    which the count of all real keys made less than BROAD_ENTROPY."""
+    band, w = 3, torch.zeros(8, 8, dtype=torch.float64)
+    for i in range(8):
+        keys = [j for j in range(8) if abs(i - j) < band and (j <= i or not causal)]
+        w[i, keys] = 1.0 / len(keys)
+    (row,) = head_pattern_metrics(one_head(w), causal=causal, band=band)
+    assert row["normalised_entropy"] == pytest.approx(1.0, abs=1e-12)
+    assert row["label"] == "broad"
+    (unbanded,) = head_pattern_metrics(one_head(w), causal=causal)
+    assert unbanded["normalised_entropy"] < BROAD_ENTROPY
+    with pytest.raises(ValueError, match="band must be >= 1 or None, got 0"):
+        PatternAccumulator(n_heads=1, band=0)
+
+
+def test_measured_patterns_keep_each_sliding_layer_to_its_window():
+    """measure_patterns on a model whose second layer slides: that layer's normalised entropy is
+    the entropy over log(keys within the window), hand-computed from its own maps; the global
+    layer's over log(all keys)."""
+    from aiayn import CausalLM, TransformerConfig
+    from aiayn.visualise.attention_report import Example, measure_patterns
+    from aiayn.visualise.collect import collect_attention
+
+    torch.manual_seed(0)
+    config = TransformerConfig(vocab_size=40, d_model=32, n_heads=2, d_ff=64, n_decoder_layers=2,
+                               max_length=32, dropout=0.0, positions="rotary", sliding_window=3,
+                               sliding_window_layers=[1])
+    model = CausalLM(config).eval()
+    ids = list(range(3, 13))
+    rows = measure_patterns(model, [Example(ids, [str(i) for i in ids])])
+    _, maps = collect_attention(model, torch.tensor([ids]))
+    i, j = torch.arange(10)[:, None], torch.arange(10)[None, :]
+    for layer, band in ((0, 10), (1, 3)):
+        w = maps.decoder[layer][0].double()  # (H, T, T)
+        allowed = ((j <= i) & (i - j < band)).sum(-1).double()  # (T,)
+        entropy = -(w * w.clamp_min(1e-300).log()).sum(-1)  # (H, T)
+        expected = (entropy[:, 1:] / allowed[1:].log()).mean(-1)  # row 0 sees one key
+        got = [r["normalised_entropy"] for r in rows if r["layer"] == layer]
+        assert got == pytest.approx(expected.tolist(), abs=1e-9)

@@ -85,7 +85,7 @@ def measure_patterns(model: nn.Module, examples: Sequence[Example], *, window: i
         _, maps = collect_attention(model, source, target_ids=target, padding_mask=source_mask,
                                     target_padding_mask=target_mask)
         update_patterns(accumulators, maps, source_mask=source_mask, target_mask=target_mask,
-                        window=window)
+                        window=window, config=model.config)
     return pattern_rows(accumulators)
 
 
@@ -126,6 +126,8 @@ def write_attention_report(model: nn.Module, examples: Sequence[Example], out_di
     if kind is not None and kind not in kinds:
         raise ValueError(f"--kind {kind!r}: this model has {kinds}")
     for view in views:
+        if kind is not None and view.kind != kind:
+            continue  # only the kind drawn: a decoder layer the encoder lacks is no error
         layers, heads = view.weights.shape[:2]
         if layer is not None and not 0 <= layer < layers:
             raise ValueError(f"--layer {layer}: {view.kind} attention has layers 0..{layers - 1}")

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from aiayn.models import (CausalLM, ImageClassifier, MaskedLM, SequenceClassifier, Transformer,
                           TransformerEncoder, VisionTransformer)
-from aiayn.nn.stacks import AttentionMaps
+from aiayn.config import TransformerConfig
+from aiayn.nn.stacks import AttentionMaps, sliding_layers
 from aiayn.visualise.metrics import DEFAULT_WINDOW, PatternAccumulator, rows_from_means
 
 # (key in AttentionMaps, title, causal, which tokens are queries / keys)
@@ -115,22 +116,27 @@ def views_of(maps: AttentionMaps, index: int, *, source_tokens: Sequence[str] | 
 
 def update_patterns(accumulators: dict[tuple[str, int], PatternAccumulator], maps: AttentionMaps,
                     *, source_mask: Tensor | None = None, target_mask: Tensor | None = None,
-                    window: int = DEFAULT_WINDOW) -> None:
+                    window: int = DEFAULT_WINDOW, config: TransformerConfig | None = None) -> None:
     """Add one batch of ``maps`` to per-(kind, layer) pattern accumulators (created on first use).
 
     ``source_mask`` (B, S) / ``target_mask`` (B, T): True = real token; a decoder-only model's tokens
-    are its target side (``source_mask`` is used when ``target_mask`` is not given).
+    are its target side (``source_mask`` is used when ``target_mask`` is not given). ``config``:
+    the model's, whose sliding layers keep each query's allowed keys to the window.
     """
     only_decoder = not maps.encoder and not maps.cross
     masks = {"source": source_mask, "target": target_mask}
     if only_decoder and target_mask is None:
         masks["target"] = source_mask
     for kind, (_, causal, query_side, key_side) in KINDS.items():
-        for layer, weights in enumerate(getattr(maps, kind)):
+        layers = getattr(maps, kind)
+        slides = (sliding_layers(config, len(layers)) if layers and config is not None
+                  and kind != "cross" else [False] * len(layers))
+        for layer, weights in enumerate(layers):
             accumulator = accumulators.get((kind, layer))
             if accumulator is None:
                 accumulator = accumulators[(kind, layer)] = PatternAccumulator(
-                    n_heads=weights.shape[1], causal=causal, window=window)
+                    n_heads=weights.shape[1], causal=causal, window=window,
+                    band=config.sliding_window if slides[layer] else None)
             accumulator.update(weights, masks[query_side], masks[key_side])
 
 

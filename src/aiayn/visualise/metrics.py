@@ -4,8 +4,9 @@ For every real query token i of a sequence with n real keys, a head's weights w_
 keys) give:
 
     entropy            -sum_j w_ij log w_ij  (nats; 0 = one key, log n = uniform)
-    normalised entropy entropy / log(a_i), a_i = number of keys query i may see (1 = uniform); rows
-                       with a single allowed key are left out of its mean
+    normalised entropy entropy / log(a_i), a_i = number of keys query i may see: real, earlier
+                       when causal, within the layer's sliding window if it has one (1 = uniform);
+                       rows with a single allowed key are left out of its mean
     max weight         max_j w_ij
     self mass          w_ii  (the diagonal: query i attends to key i)
     previous mass      w_i,i-1  (rows i >= 1 only: the first token has no previous token)
@@ -83,11 +84,14 @@ class PatternAccumulator:
         causal: the attention is causal (query i sees keys 0..i); sets the allowed-key count used by the
             normalised entropy.
         window: half-width of the local window (keys i - window .. i + window).
+        band: the layer's own sliding window W (``config.sliding_window``: query i sees the keys
+            less than W positions away), which the allowed-key count keeps to; None: no window.
     """
 
     n_heads: int
     causal: bool = False
     window: int = DEFAULT_WINDOW
+    band: int | None = None
     sums: dict[str, Tensor] = field(default_factory=dict)
     counts: dict[str, Tensor] = field(default_factory=dict)
 
@@ -96,6 +100,8 @@ class PatternAccumulator:
             raise ValueError(f"n_heads must be >= 1, got {self.n_heads}")
         if self.window < 0:
             raise ValueError(f"window must be >= 0, got {self.window}")
+        if self.band is not None and self.band < 1:
+            raise ValueError(f"band must be >= 1 or None, got {self.band}")
         for name in METRIC_NAMES:
             self.sums[name] = torch.zeros(self.n_heads, dtype=torch.float64)
             self.counts[name] = torch.zeros((), dtype=torch.float64)
@@ -124,6 +130,8 @@ class PatternAccumulator:
         visible = real_key[:, None, :].expand(batch, queries, keys)  # (B, T, S)
         if self.causal:
             visible = visible & (j <= i)[None]
+        if self.band is not None:
+            visible = visible & ((i - j).abs() < self.band)[None]
         allowed = visible.sum(dim=-1).to(torch.float64)  # (B, T)
 
         def add(name: str, per_row: Tensor, rows: Tensor) -> None:
@@ -178,7 +186,8 @@ def label_head(metrics: dict[str, float]) -> str:
 
 def head_pattern_metrics(weights: Tensor, query_mask: Tensor | None = None,
                          key_mask: Tensor | None = None, *, causal: bool = False,
-                         window: int = DEFAULT_WINDOW) -> list[dict[str, float | str | int]]:
+                         window: int = DEFAULT_WINDOW, band: int | None = None
+                         ) -> list[dict[str, float | str | int]]:
     """Per-head metrics and label of one batch of weights (B, H, T, S); one dict per head.
 
     Args:
@@ -187,12 +196,13 @@ def head_pattern_metrics(weights: Tensor, query_mask: Tensor | None = None,
         key_mask: (B, S) True = real key; None = all real.
         causal: the attention is causal (for the normalised entropy).
         window: half-width of the local window.
+        band: the attention's sliding window, if any (for the normalised entropy).
 
     Raises:
         ValueError: see ``PatternAccumulator.update``.
     """
     accumulator = PatternAccumulator(n_heads=_check_weights(weights).shape[1], causal=causal,
-                                     window=window)
+                                     window=window, band=band)
     accumulator.update(weights, query_mask, key_mask)
     return rows_from_means(accumulator.means())
 
