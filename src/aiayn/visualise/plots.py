@@ -22,9 +22,9 @@ from aiayn.visualise.heatmaps import COLOUR_MAP, pyplot, save_figure
 
 
 def readable_dimensions(d_model: int, length: int, layout: str = "interleaved") -> list[int]:
-    """Four sine dimensions whose wavelengths are about length/8, /4, /2 and length itself, so their
-    curves are distinguishable over ``length`` positions (dimension 2i has wavelength
-    2 pi 10000^(2i/d_model))."""
+    """Up to four sine dimensions whose wavelengths are about length/8, /4, /2 and length itself,
+    so their curves are distinguishable over ``length`` positions (dimension 2i has wavelength
+    2 pi 10000^(2i/d_model)); fewer where two wavelengths round to one dimension."""
     dims = []
     for wavelength in (length / 8, length / 4, length / 2, length):
         frequency_index = round(d_model / 2 * math.log(max(wavelength, 2 * math.pi) / (2 * math.pi))
