@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader has gone (`| head`): stop quietly, as a filter does
+        _discard_stdout()
+        return 141  # 128 + SIGPIPE, what a shell reports for a filter its pipe stopped
     # OSError: files not found, and writes that failed (disk full, read-only run directory), whose
     # messages name the path and the reason.
     except (ValueError, OSError, TypeError) as error:
@@ -60,6 +63,17 @@ def main(argv: list[str] | None = None) -> int:
               f"lower the sizes that set it (--max-tokens, --batch-size, --max-length, "
               f"--set max_length=...)", file=sys.stderr)
         return 1
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit finds no closed pipe
+    (Python's documented handling of SIGPIPE)."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (pytest's capture): nothing to flush
+        pass
 
 
 def _out_of_memory(error: BaseException) -> bool:

@@ -20,7 +20,7 @@ The loop knows nothing of models: ``encode`` and ``respond`` come from ``aiayn.c
 from __future__ import annotations
 
 import sys
-from typing import Callable, Iterator, TextIO
+from typing import IO, Callable, Iterator, TextIO
 
 EXIT, RESET = "/exit", "/reset"
 MARKER = "> "  # written to the marker stream (stderr at a terminal) before each line is read
@@ -68,23 +68,31 @@ def fit(conversation: Conversation, message: str, encode: Callable[[Messages], l
     return ids
 
 
-def lines(stream: TextIO, marker: TextIO | None) -> Iterator[str]:
-    """The non-blank lines of ``stream``, stripped; ``MARKER`` written to ``marker`` (if given)
-    before each read."""
-    while True:
-        if marker is not None:
-            marker.write(MARKER)
-            marker.flush()
-        line = stream.readline()
-        if not line:
-            if marker is not None:  # the shell's prompt starts on a line of its own
-                marker.write("\n")
-            return
+def lines(stream: IO, marker: TextIO | None) -> Iterator[str]:
+    """The non-blank lines of ``stream`` (bytes, as ``sys.stdin.buffer``, or text), stripped;
+    ``MARKER`` written to ``marker`` (if given) before each read. As every command reads stdin:
+    a leading byte-order mark is dropped, and a line that is not UTF-8 is a ValueError naming
+    it."""
+    from aiayn.data.text_files import decode_lines
+
+    def raw_lines() -> Iterator[bytes]:
+        while True:
+            if marker is not None:
+                marker.write(MARKER)
+                marker.flush()
+            line = stream.readline()
+            if not line:
+                if marker is not None:  # the shell's prompt starts on a line of its own
+                    marker.write("\n")
+                return
+            yield line.encode("utf-8", "surrogateescape") if isinstance(line, str) else line
+
+    for _, line in decode_lines(raw_lines(), "stdin"):
         if line.strip():
             yield line.strip()
 
 
-def converse(stream: TextIO, *, system: str | None, encode: Callable[[Messages], list[int]],
+def converse(stream: IO, *, system: str | None, encode: Callable[[Messages], list[int]],
              respond: Callable[[list[int]], str], context: int,
              marker: TextIO | None = None, on_reset: Callable[[], None] | None = None) -> None:
     """Answer the messages of ``stream`` until ``/exit`` or its end.

@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--beam", type=positive_int, default=4,
                         help="text2text runs: beam size of the label's generation (1: greedy)")
     parser.add_argument("--device", type=device_name, default="cpu")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.set_defaults(run=run)
 
 
@@ -38,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.data.text_files import decode_lines
     from aiayn.tasks.checkpoints import directory_task
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if directory_task(args.run_dir) == "text2text":
         answer = _text_to_text_answers(args)
     else:
@@ -57,11 +62,14 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"stdin:{number}: empty text")
             pending.append(line)
             if len(pending) >= batch_size:
-                answer(pending)
-                pending = []
-    finally:  # the lines before a bad one are still answered, in order
+                batch, pending = pending, []  # never again, whatever stops this batch
+                answer(batch)
+    except ValueError:  # the lines before a bad one are still answered, in order
         if pending:
             answer(pending)
+        raise
+    if pending:
+        answer(pending)
     return 0
 
 

@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--input", default=None, metavar="FILE",
                         help="texts, one a line (.gz allowed; default: stdin)")
     parser.add_argument("--output", default=None, metavar="PATH",
-                        help="write here instead of stdout; a .npy name writes a NumPy array")
+                        help="write here instead of stdout; a .npy name writes a NumPy array "
+                             "(a file is replaced whole, a pipe or device written through)")
     parser.add_argument("--tokens-per-batch", type=positive_int, default=8192,
                         help="padded tokens per forward pass")
     parser.add_argument("--device", type=device_name, default="cpu")
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{source}: no text to embed (the input is empty)")
     vectors = embed_texts(embedder, texts, tokens_per_batch=args.tokens_per_batch,
                           device=args.device)
-    from aiayn.training.checkpoint import atomic_write_bytes
+    from aiayn.training.checkpoint import write_output
 
     if args.output and args.output.endswith(".npy"):  # written whole or not at all, as text is
         import io
@@ -64,12 +65,12 @@ def run(args: argparse.Namespace) -> int:
 
         buffer = io.BytesIO()
         numpy.save(buffer, vectors.numpy())
-        atomic_write_bytes(args.output, buffer.getvalue())
+        write_output(args.output, buffer.getvalue())
         print(f"wrote {args.output}: {tuple(vectors.shape)} float32", file=sys.stderr)
         return 0
     text = "".join(" ".join(f"{value:.7g}" for value in row) + "\n" for row in vectors.tolist())
     if args.output:
-        atomic_write_bytes(args.output, text.encode("utf-8"))
+        write_output(args.output, text.encode("utf-8"))
     else:
         sys.stdout.write(text)
     return 0

@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", default=None, metavar="PATH",
                         help="also write the model outputs (one a line) here: translations "
                              "(translation and text2text runs), labels with their probability "
-                             "(classification and image runs)")
+                             "(classification and image runs); '-': stdout, before the JSON "
+                             "line; a file is replaced whole, a pipe or device written through")
     engine.add_arguments(parser, default=None)
     parser.set_defaults(run=run)
 

@@ -354,8 +354,9 @@ def converse(session: Session, args: argparse.Namespace) -> None:
         generator = torch.Generator(device=torch.device(args.device))
         session = dataclasses.replace(session, config=session.config.replace(seed=None),
                                       generator=generator.manual_seed(session.config.seed))
-    chat_loop.converse(sys.stdin, system=args.system, encode=session.vocabulary.encode_chat,
-                       respond=session.reply, context=session.context,
+    chat_loop.converse(getattr(sys.stdin, "buffer", sys.stdin), system=args.system,
+                       encode=session.vocabulary.encode_chat, respond=session.reply,
+                       context=session.context,
                        marker=sys.stderr if sys.stdin.isatty() else None,
                        on_reset=session.prefix_cache.reset if session.prefix_cache else None)
 

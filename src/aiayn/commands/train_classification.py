@@ -211,7 +211,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     saves it (TSV + JSON) under RUN_DIR/evaluation/."""
     from aiayn.data.labelled_tsv import read_labelled_tsv
     from aiayn.tasks.classification import score
-    from aiayn.training.checkpoint import atomic_write_bytes
+    from aiayn.training.checkpoint import write_output
     from aiayn.tasks.checkpoints import load_model_dir
 
     if len(args.data) != 1:
@@ -234,7 +234,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if args.output:
         lines = [f"{assets.labels.name(int(i))}\t{float(p):.6f}"
                  for p, i in zip(*probabilities.max(-1))]
-        atomic_write_bytes(args.output, ("\n".join(lines) + "\n").encode("utf-8"))
+        write_output(args.output, ("\n".join(lines) + "\n").encode("utf-8"))
     return {"task": "classification", "data": str(path), "split": args.split, "rows": len(rows),
             "accuracy": report.accuracy, "macro_f1": report.macro_f1}
 

@@ -105,7 +105,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     saves it (TSV + JSON) under RUN_DIR/evaluation/."""
     from aiayn.tasks.image_classification import score
     from aiayn.commands.train_classification import save_report
-    from aiayn.training.checkpoint import atomic_write_bytes
+    from aiayn.training.checkpoint import write_output
     from aiayn.training.run import load_run
 
     if len(args.data) != 1:
@@ -123,6 +123,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if args.output:
         lines = [f"{source}\t{run.assets.labels.name(int(i))}\t{float(p):.6f}"
                  for source, p, i in zip(images.sources, *probabilities.max(-1))]
-        atomic_write_bytes(args.output, ("\n".join(lines) + "\n").encode("utf-8"))
+        write_output(args.output, ("\n".join(lines) + "\n").encode("utf-8"))
     return {"task": "image-classification", "data": args.data[0], "split": args.split,
             "images": len(images), "accuracy": report.accuracy, "macro_f1": report.macro_f1}

@@ -139,7 +139,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from aiayn.commands.engine import engine
     from aiayn.tasks.text_to_text import generate_examples, score_outputs
     from aiayn.training import load_run
-    from aiayn.training.checkpoint import atomic_write_bytes
+    from aiayn.training.checkpoint import write_output
 
     if args.split not in ("train", "valid", "test"):
         raise ValueError(f"--split must be train, valid or test for text2text, got {args.split!r}")
@@ -164,5 +164,5 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                         **score_outputs(outputs, rows)}
     result["seconds"] = round(time.perf_counter() - start, 2)
     if args.output:
-        atomic_write_bytes(args.output, "".join(line + "\n" for line in written).encode("utf-8"))
+        write_output(args.output, "".join(line + "\n" for line in written).encode("utf-8"))
     return result

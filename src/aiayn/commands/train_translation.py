@@ -121,7 +121,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from aiayn.data.parallel import read_pairs, select_split
     from aiayn.tasks.translate import score_translations, translate_texts
     from aiayn.tasks.checkpoints import load_model_dir, set_languages
-    from aiayn.training.checkpoint import atomic_write_bytes
+    from aiayn.training.checkpoint import write_output
 
     run = load_model_dir(args.run_dir, task="translation")
     set_languages(run, getattr(args, "src_lang", None), getattr(args, "tgt_lang", None))
@@ -138,7 +138,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                               engine=inference)
     seconds = time.perf_counter() - start
     if args.output:
-        atomic_write_bytes(args.output, "".join(line + "\n" for line in outputs).encode("utf-8"))
+        write_output(args.output, "".join(line + "\n" for line in outputs).encode("utf-8"))
     return {"run_dir": str(args.run_dir), "data": [str(p) for p in args.data],
             "split": split,
             "split_by": "column" if has_split else ("none" if split == "all" else "hash"),

@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-tokens", type=positive_int, default=4000,
                         help="tokens per decoding batch")
     parser.add_argument("--batch-lines", type=positive_int, default=256,
-                        help="lines read before translating (bounds memory on long inputs)")
+                        help="lines read before translating (bounds memory on long inputs); "
+                             "at a terminal each line is translated as it is typed")
     parser.add_argument("--device", type=device_name, default="cpu")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     engine.add_arguments(parser)
@@ -68,17 +69,21 @@ def run(args: argparse.Namespace) -> int:
         set_languages(run_, args.src_lang, args.tgt_lang)
         tokenizer = run_.assets
     inference = engine.engine(run_.model.to(args.device), args)
+    batch = 1 if sys.stdin.isatty() else args.batch_lines  # a terminal: answer each line
     lines: list[str] = []
     try:
         # Bytes decoded line by line: a line that is not UTF-8 is an error naming it.
         for _, line in decode_lines(sys.stdin.buffer, "stdin"):
             lines.append(line)
-            if len(lines) >= args.batch_lines:
-                _flush(inference, tokenizer, prefix, lines, args)
-                lines = []
-    finally:  # the lines before a bad one are still translated, in order
+            if len(lines) >= batch:
+                pending, lines = lines, []  # never again, whatever stops this batch
+                _flush(inference, tokenizer, prefix, pending, args)
+    except ValueError:  # the lines before a bad one are still translated, in order
         if lines:
             _flush(inference, tokenizer, prefix, lines, args)
+        raise
+    if lines:
+        _flush(inference, tokenizer, prefix, lines, args)
     return 0
 
 

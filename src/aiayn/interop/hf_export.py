@@ -52,10 +52,13 @@ def export_state(model: nn.Module, name_map: NameMap) -> dict[str, Tensor]:
 
 def _atomic_write(path: Path, write) -> None:
     """Write through a temporary file in the same directory, fsync, rename: never half-written."""
+    from aiayn.training.checkpoint import usual_permissions
+
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(handle)
     try:
         write(temporary)
+        usual_permissions(temporary)  # after: a writer may make a file of its own
         with open(temporary, "rb") as stream:
             os.fsync(stream.fileno())
         os.replace(temporary, path)

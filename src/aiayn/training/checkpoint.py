@@ -81,6 +81,15 @@ def explain_write_errors(path: str | Path, what: str) -> Iterator[None]:
 
 
 # --- atomic file primitives ---------------------------------------------------------------------
+def usual_permissions(path: str | Path, *, directory: bool = False) -> None:
+    """Give a temporary file or directory about to be renamed into place the permissions
+    ``open`` / ``mkdir`` would have given it (0666 / 0777 less the umask): mkstemp and mkdtemp
+    make them 0600 / 0700, which would leave a run readable by its owner alone."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask)
+
+
 def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -105,6 +114,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     with explain_write_errors(path, "file"):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
         try:
+            usual_permissions(tmp)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()
@@ -114,6 +124,25 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             Path(tmp).unlink(missing_ok=True)
             raise
         fsync_dir(path.parent)
+
+
+def write_output(path: str | Path, data: bytes) -> None:
+    """Write a command's ``--output``: ``-`` is stdout; an existing FIFO or device
+    (``/dev/stdout``, a pipe) is written through, having no content to keep; a symbolic link's
+    target is replaced, not the link; any other path atomically (``atomic_write_bytes``)."""
+    import sys
+
+    if str(path) == "-":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        with explain_write_errors(path, "file"), open(path, "wb") as handle:
+            handle.write(data)
+        return
+    atomic_write_bytes(path.resolve() if path.is_symlink() else path, data)
 
 
 def atomic_write_json(path: str | Path, data: Any) -> None:
@@ -142,6 +171,7 @@ def save_weights(model: nn.Module, path: str | Path) -> str:
         os.close(fd)
         try:
             save_file(tensors, tmp, metadata={"format": "pt"})
+            usual_permissions(tmp)  # after: safetensors writes a file of its own
             _fsync_file(Path(tmp))
             digest = sha256_file(tmp)
             os.replace(tmp, path)
@@ -176,6 +206,7 @@ def _write_checkpoint(directory: Path, final: Path, model: nn.Module,
     directory.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory, prefix=f".{final.name}.", suffix=TEMP_SUFFIX))
     try:
+        usual_permissions(tmp, directory=True)
         files = {"model.safetensors": save_weights(model, tmp / "model.safetensors")}
         save_file({key: value.detach().cpu().contiguous() for key, value in tensors.items()},
                   str(tmp / "trainer_state.safetensors"))

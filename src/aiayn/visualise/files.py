@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from aiayn.training.checkpoint import usual_permissions
+
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
@@ -22,9 +24,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
                                          dir=path.parent)
     os.close(handle)
     temporary = Path(temporary)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
+    usual_permissions(temporary)
     try:
         yield temporary
         with open(temporary, "rb") as stream:
