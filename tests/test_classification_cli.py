@@ -227,6 +227,34 @@ def test_mlm_run_trains_and_evaluates(mlm_run, data, capsys):
     assert "--split 'valid' is not supported" in capsys.readouterr().err
 
 
+def test_mlm_evaluation_masks_at_the_rate_the_run_trained_with(mlm_run, data, tmp_path,
+                                                               monkeypatch, capsys):
+    """A run trained with --mask-probability 0.3 is evaluated at 0.3, as its validation was (it
+    was evaluated at BERT's 0.15 whatever the run said); a run.json without the rule: 0.15."""
+    import shutil
+
+    from aiayn.tasks import masked_lm
+
+    run = tmp_path / "mlm-0.3"
+    shutil.copytree(mlm_run, run)
+    info = json.loads((run / "run.json").read_text())
+    info["assets"]["masking"]["probability"] = 0.3
+    (run / "run.json").write_text(json.dumps(info))
+    rules, real = [], masked_lm.mask_tokens
+
+    def spy(*args, rule, **kwargs):
+        rules.append(rule.probability)
+        return real(*args, rule=rule, **kwargs)
+
+    monkeypatch.setattr(masked_lm, "mask_tokens", spy)
+    assert main(["evaluate", str(run), "--data", str(data)]) == 0
+    assert set(rules) == {0.3}
+    del info["assets"]["masking"]
+    (run / "run.json").write_text(json.dumps(info))
+    assert masked_lm.MaskedLMTask.load_assets(run).rule == masked_lm.MaskingRule()
+    capsys.readouterr()
+
+
 def test_classifier_starts_from_the_mlm_encoder(mlm_run, data, tmp_path):
     from aiayn.commands import train_classification
     from aiayn.commands.train import add_training_arguments

@@ -292,3 +292,14 @@ def test_modernbert_heads_are_dense_activation_norm_without_dense_biases():
     torch.testing.assert_close(head(pooled), want)
     assert MaskedLM(config).head.dense.bias is None
     assert SequenceClassifier(tiny(pooler=True)).head.norm is None  # BERT's pooler: no norm
+
+
+@pytest.mark.parametrize("module", ["aiayn.models.decoder_only", "aiayn.models.encoder_decoder",
+                                    "aiayn.models.encoder_only", "aiayn.models.vision"])
+def test_the_models_docstring_examples_run_as_shown(module):
+    import doctest
+    import importlib
+
+    torch.manual_seed(0)
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0

@@ -127,7 +127,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         texts = texts[:args.limit]
     run.model.to(args.device)
     task = MaskedLMTask(train=texts, valid=texts, tokenizer=run.assets.tokenizer,
-                        max_tokens=run.assets.max_tokens, device=args.device)
+                        max_tokens=run.assets.max_tokens, device=args.device,
+                        rule=run.assets.rule)  # masked as the run was validated
     with torch.no_grad():
         metrics = task.evaluate(run.model)
     return {"task": "mlm", "data": args.data[0], "split": "all", "texts": len(texts), **metrics}

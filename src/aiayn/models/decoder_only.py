@@ -17,9 +17,13 @@ class CausalLM(nn.Module):
     """Next-token logits (B, T, V) for token ids (B, T); layers = ``config.n_decoder_layers``.
 
     Example:
-        >>> model = CausalLM(TransformerConfig.preset("tiny", norm_first=True))
+        >>> import torch
+        >>> from aiayn import CausalLM, TransformerConfig
+        >>> model = CausalLM(TransformerConfig.preset("tiny", norm_first=True)).eval()
+        >>> prompt = torch.randint(3, 100, (1, 8))
         >>> cache = model.new_cache(batch=1, max_length=32)
-        >>> logits = model(prompt, cache=cache)  # then one token at a time with the same cache
+        >>> model(prompt, cache=cache).shape  # then one token at a time with the same cache
+        torch.Size([1, 8, 100])
     """
 
     def __init__(self, config: TransformerConfig):

@@ -17,8 +17,12 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer returning target logits.
 
     Example:
+        >>> import torch
+        >>> from aiayn import Transformer, TransformerConfig
         >>> model = Transformer(TransformerConfig.preset("tiny"))
-        >>> logits = model(src, tgt, src_padding_mask=src != 0)  # (B, T, V)
+        >>> src, tgt = torch.randint(3, 100, (2, 9)), torch.randint(3, 100, (2, 7))
+        >>> model(src, tgt, src_padding_mask=src != 0).shape  # (B, T, V)
+        torch.Size([2, 7, 100])
     """
 
     def __init__(self, config: TransformerConfig):

@@ -18,8 +18,12 @@ class TransformerEncoder(nn.Module):
     """Token ids (B, T) -> hidden states (B, T, D).
 
     Example:
+        >>> import torch
+        >>> from aiayn import TransformerConfig, TransformerEncoder
         >>> encoder = TransformerEncoder(TransformerConfig.preset("tiny"))
-        >>> hidden = encoder(ids, padding_mask=ids != 0)  # (B, T, D)
+        >>> ids = torch.randint(3, 100, (4, 16))
+        >>> encoder(ids, padding_mask=ids != 0).shape  # (B, T, D)
+        torch.Size([4, 16, 32])
     """
 
     def __init__(self, config: TransformerConfig):

@@ -49,8 +49,11 @@ class VisionTransformer(nn.Module):
     """Images (B, C, H, W) -> hidden states (B, 1 + N, D): [CLS] first, then the patches.
 
     Example:
+        >>> import torch
+        >>> from aiayn import TransformerConfig, VisionTransformer
         >>> vit = VisionTransformer(TransformerConfig.preset("vit-digits"))
-        >>> hidden = vit(torch.randn(4, 1, 8, 8))  # (4, 17, 64)
+        >>> vit(torch.randn(4, 1, 8, 8)).shape  # [CLS] and 16 patches of width 64
+        torch.Size([4, 17, 64])
     """
 
     def __init__(self, config: TransformerConfig):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,12 @@ class MaskedBatch:
 
 @dataclass
 class MaskedLMAssets:
+    """What evaluating a masked-LM run needs: its tokenizer, sequence length and the masking it
+    was trained and validated with (BERT's where the run does not say)."""
+
     tokenizer: WordPieceTokenizer
     max_tokens: int
+    rule: MaskingRule = field(default_factory=MaskingRule)
 
 
 class MaskedLMTask:
@@ -168,4 +172,5 @@ class MaskedLMTask:
         info = json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("assets", {})
         return MaskedLMAssets(
             tokenizer=WordPieceTokenizer.load(run_dir / info.get("tokenizer", TOKENIZER_FILE)),
-            max_tokens=int(info.get("max_tokens", 128)))
+            max_tokens=int(info.get("max_tokens", 128)),
+            rule=MaskingRule(**info.get("masking", {})))
