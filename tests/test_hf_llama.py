@@ -231,3 +231,18 @@ def test_export_refuses_a_score_scale_or_norm_without_bias_the_class_lacks(tmp_p
     with pytest.raises(ValueError, match=needs):
         aiayn.save_pretrained(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_pad_row_trains_as_in_transformers():
+    """transformers' embedding has padding_idx = the config's pad_token_id: lookups of the pad
+    (here also a real input, as a pad that is the end-of-text token is) add no gradient to its
+    row, only the tied head's logits do; aiayn's imported model trains it the same way."""
+    hf = hf_llama(next(iter(CASES)))
+    ours = from_transformers(hf)
+    assert ours.config.embedding_padding_idx and ours.config.pad_id == 0
+    ids = torch.tensor([[5, 0, 7, 0, 9, 11]])  # the pad id 0 as a real token
+    hf(input_ids=ids, labels=ids).loss.backward()
+    logits = ours(ids[:, :-1])
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).backward()
+    torch.testing.assert_close(ours.decoder.embeddings.tokens.weight.grad,
+                               hf.model.embed_tokens.weight.grad, rtol=1e-4, atol=1e-7)

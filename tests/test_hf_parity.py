@@ -166,6 +166,36 @@ def test_seq2seq_parity(tmp_path, family, name):
     assert max_diff_where(memory, reference.encoder_last_hidden_state, src_mask) <= TOLERANCE
 
 
+@pytest.mark.parametrize("family, name", [("marian", "d42-h3-e2d3-swish-scaled"),
+                                          ("bart", "d42-h3-e2d3")])
+def test_fine_tuning_gradients_equal_transformers(tmp_path, family, name):
+    """One training step's loss and gradients, aiayn's translation loss against transformers'
+    own: the same trainable tensors (final_logits_bias is a buffer there, and fixed here too) and
+    the same gradient of the shared embedding, whose pad row (Marian's decoder start) takes no
+    gradient from lookups there (padding_idx) and none here."""
+    from aiayn.interop.hf import from_pretrained
+    from aiayn.tasks.translation import translation_loss
+
+    hf_model, config, target_vocab = _seq2seq_case(family, name)
+    hf = _save_hf(hf_model, tmp_path)
+    ours = from_pretrained(tmp_path)
+    pad = config.pad_token_id
+    src, _ = padded_ids(target_vocab - 1, LENGTHS, pad=pad)  # Marian's pad is the last id
+    labels, mask = padded_ids(target_vocab - 1, TARGET_LENGTHS, pad=pad, seed=1)
+    start = torch.full((len(TARGET_LENGTHS), 1), config.decoder_start_token_id)
+    decoder_input = torch.cat([start, labels[:, :-1]], dim=1)
+    hf_loss = hf(input_ids=src, attention_mask=(src != pad).long(), decoder_input_ids=decoder_input,
+                 labels=labels.masked_fill(~mask, -100)).loss
+    hf_loss.backward()
+    loss = translation_loss(ours, src, decoder_input, labels, pad_id=pad) / mask.sum()
+    loss.backward()
+    assert loss.item() == pytest.approx(hf_loss.item(), rel=1e-5)
+    trainable = sum(p.numel() for p in ours.parameters() if p.requires_grad)
+    assert trainable == sum(p.numel() for p in hf.parameters() if p.requires_grad)
+    torch.testing.assert_close(ours.decoder.embeddings.tokens.weight.grad,
+                               hf.model.shared.weight.grad, rtol=1e-4, atol=1e-6)
+
+
 def test_separate_vocab_marian_saved_by_transformers_4_loads(tmp_path):
     """transformers < 5 saved a separate-vocabulary Marian's decoder embedding as a copy of the
     source one (vocab_size rows), transformers 5 with decoder_vocab_size rows: aiayn loads both

@@ -85,6 +85,12 @@ class TransformerConfig:
     tie_source_target: bool = True  # paper 3.4: source and target share one embedding matrix
     tie_output: bool = True  # paper 3.4: the pre-softmax projection shares the target embedding
     output_bias: bool = False  # a bias on the output logits (BERT MLM, Marian's final_logits_bias)
+    # the output bias a fixed buffer, never trained (transformers' final_logits_bias: Marian, BART)
+    output_bias_buffer: bool = False
+    # lookups of pad_id add no gradient to its embedding row (nn.Embedding's padding_idx), as in
+    # transformers' BART, Marian, mBART, M2M100 and Llama-style models: it matters where pad_id is
+    # also a real input (Marian's decoder start, a pad that is the end-of-text token)
+    embedding_padding_idx: bool = False
     init_std: float | None = None  # None: Xavier matrices, N(0, 1/sqrt(D)) embeddings; else N(0, std)
     scaled_residual_init: bool = False  # GPT-2: std / sqrt(2 * layers) for projections into the residual
 

@@ -91,6 +91,8 @@ def validate(config: TransformerConfig) -> None:
         if not isinstance(value, int) or not 0 <= value < config.vocab_size:
             raise ValueError(f"{name} must be a token id in [0, {config.vocab_size}), "
                              f"got {value!r}")
+    if config.output_bias_buffer and not config.output_bias:
+        raise ValueError("output_bias_buffer keeps the output bias fixed: it needs output_bias")
     if config.tie_source_target and config.src_vocab_size != config.vocab_size:
         raise ValueError(
             f"tie_source_target needs src_vocab_size == vocab_size, got {config.src_vocab_size} "

@@ -283,14 +283,15 @@ def load_state(model: nn.Module, checkpoint: Checkpoint, name_map: NameMap) -> N
     """
     tensors, used = _resolve_ties(checkpoint, name_map.ties)
     parameters = dict(model.named_parameters(remove_duplicate=False))
+    targets = {**dict(model.named_buffers()), **parameters}  # a fixed output bias is a buffer
     filled: dict[int, str] = {}  # id(parameter) -> target name that filled it
     split: dict[str, list[tuple[int, int, str]]] = {}  # fused key -> (start, stop, target)
     ignore = [re.compile(pattern) for pattern in name_map.ignore]
     with torch.no_grad():
         for rule in name_map.expanded():
-            if rule.target not in parameters:
+            if rule.target not in targets:
                 raise ValueError(f"name map error: aiayn model has no parameter {rule.target!r}")
-            parameter = parameters[rule.target]
+            parameter = targets[rule.target]
             parts = []
             for key in rule.sources:
                 if key not in tensors:

@@ -22,7 +22,8 @@ from aiayn.interop.hf_common import (CONFIG_FILE, SAFETENSORS_FILE, NameMap, til
 
 def export_state(model: nn.Module, name_map: NameMap) -> dict[str, Tensor]:
     """The HF state dict of ``model`` (inverse of ``load_state``); each tie group under its first key."""
-    parameters = dict(model.named_parameters(remove_duplicate=False))
+    parameters = {**dict(model.named_buffers()),  # a fixed output bias is a buffer
+                  **dict(model.named_parameters(remove_duplicate=False))}
     state: dict[str, Tensor] = {}
     fused: dict[str, list[tuple[tuple[int, int], Tensor]]] = {}  # key -> its blocks (``rows``)
     for rule in name_map.expanded():

@@ -170,6 +170,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         scale_embeddings=True, embedding_norm=False, type_vocab_size=0, bias=False,
         tie_output=hf.get("tie_word_embeddings", True), output_bias=False,
         init_std=hf.get("initializer_range", 0.02), pad_id=token("pad_token_id", 0),
+        embedding_padding_idx=True,  # transformers' padding_idx: the pad (GemmaConfig's 0)
         bos_id=token("bos_token_id", 2), eos_id=token("eos_token_id", 1))
     fields["decoder_start_id"] = fields["bos_id"]
     if softcaps["attention_softcap"] is not None:  # SDPA cannot soft-cap the scores

@@ -154,6 +154,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         sliding_window=window, sliding_window_layers=sliding_layers,
         tie_output=hf.get("tie_word_embeddings", False), output_bias=False,
         init_std=hf.get("initializer_range", 0.02), pad_id=pad if pad is not None else eos,
+        embedding_padding_idx=pad is not None,  # transformers' padding_idx: the config's pad
         bos_id=bos, eos_id=eos, decoder_start_id=bos)
     fields.update(overrides)
     return build_config(fields, source)

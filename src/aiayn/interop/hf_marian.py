@@ -83,6 +83,7 @@ def config_from_hf(hf: dict[str, Any], checkpoint: Checkpoint,
         position_offset=0 if marian else 2, scale_embeddings=bool(hf.get("scale_embedding", False)),
         embedding_norm=not marian, type_vocab_size=0,
         tie_output=hf.get("tie_word_embeddings", True), output_bias=True,
+        output_bias_buffer=True, embedding_padding_idx=True,  # as transformers trains them
         init_std=hf.get("init_std", 0.02), pad_id=pad, bos_id=bos, eos_id=eos,
         decoder_start_id=start)
     fields.update(overrides)

@@ -53,6 +53,7 @@ def _flavour_fields(hf: dict[str, Any], source) -> dict[str, Any]:
     if hf["model_type"] == "m2m_100":
         fields.update(positions="sinusoidal", sinusoid_layout="fairseq", position_offset=pad + 1,
                       positions_skip_padding=True, embedding_norm=False, output_bias=False,
+                      output_bias_buffer=False,
                       activation=activation_from_hf(
                           hf.get("activation_function", "relu"), "activation_function", source))
     else:  # transformers' generate starts from bos when the config names no decoder start

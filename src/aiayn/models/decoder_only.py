@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from aiayn.nn.attention.cache import DecoderCache
 from aiayn.config import TransformerConfig
 from aiayn.models.heads import OutputProjection, initialise
+from aiayn.nn.embedding import token_embedding
 from aiayn.nn.stacks import AttentionMaps, Decoder
 
 
@@ -29,7 +30,7 @@ class CausalLM(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.config = config
-        tokens = nn.Embedding(config.vocab_size, config.d_model)
+        tokens = token_embedding(config, config.vocab_size)
         self.decoder = Decoder(config, tokens, cross_attention=False)
         self.lm_head = OutputProjection(config, tokens, tied=config.tie_output)
         initialise(self, config)

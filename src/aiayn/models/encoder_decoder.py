@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from aiayn.nn.attention.cache import DecoderCache
 from aiayn.config import TransformerConfig
 from aiayn.models.heads import OutputProjection, initialise
+from aiayn.nn.embedding import token_embedding
 from aiayn.nn.stacks import AttentionMaps, Decoder, Encoder
 
 
@@ -28,9 +29,9 @@ class Transformer(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.config = config
-        target_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        target_tokens = token_embedding(config, config.vocab_size)
         source_tokens = (target_tokens if config.tie_source_target
-                         else nn.Embedding(config.src_vocab_size, config.d_model))
+                         else token_embedding(config, config.src_vocab_size))
         self.encoder = Encoder(config, source_tokens)
         self.decoder = Decoder(config, target_tokens, cross_attention=True)
         self.generator = OutputProjection(config, target_tokens, tied=config.tie_output)

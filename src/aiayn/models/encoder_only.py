@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
 from aiayn.models.heads import ClassificationHead, MaskedLMHead, initialise, pool
+from aiayn.nn.embedding import token_embedding
 from aiayn.nn.stacks import AttentionMaps, Encoder
 
 
@@ -29,7 +30,7 @@ class TransformerEncoder(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.config = config
-        self.encoder = Encoder(config, nn.Embedding(config.vocab_size, config.d_model))
+        self.encoder = Encoder(config, token_embedding(config, config.vocab_size))
         initialise(self, config)
 
     @property

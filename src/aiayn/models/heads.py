@@ -33,7 +33,10 @@ class OutputProjection(nn.Module):
         else:
             self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
             nn.init.xavier_uniform_(self.weight)
-        self.bias = nn.Parameter(torch.zeros(vocab_size)) if config.output_bias else None
+        if config.output_bias and config.output_bias_buffer:  # fixed: loaded, never trained
+            self.register_buffer("bias", torch.zeros(vocab_size))
+        else:
+            self.bias = nn.Parameter(torch.zeros(vocab_size)) if config.output_bias else None
         self.scale = d_model ** -0.5 if config.scale_output else 1.0
         self.softcap = config.logit_softcap
 

@@ -18,6 +18,13 @@ from aiayn.nn.norms import layer_norm
 from aiayn.nn.positions import LearnedPositions, SinusoidalPositions
 
 
+def token_embedding(config: TransformerConfig, vocab_size: int) -> nn.Embedding:
+    """The token table (V, D); with ``config.embedding_padding_idx`` lookups of ``pad_id`` add no
+    gradient to its row (``nn.Embedding``'s ``padding_idx``, as transformers' BART and Llama)."""
+    return nn.Embedding(vocab_size, config.d_model,
+                        padding_idx=config.pad_id if config.embedding_padding_idx else None)
+
+
 def make_positions(config: TransformerConfig) -> nn.Module | None:
     """The added position vectors; None for "none" and for "rotary" (applied inside attention)."""
     if config.positions == "sinusoidal":
