@@ -201,10 +201,11 @@ def test_run_files_and_checkpoints_get_the_umasks_permissions(tmp_path):
         atomic_write_bytes(tmp_path / "run.json", b"{}\n")
         model = torch.nn.Linear(2, 2)
         save_weights(model, tmp_path / "model.safetensors")
-        step = write_checkpoint(tmp_path / "checkpoints", 1, model, {}, {})
+        step = write_checkpoint(tmp_path / "checkpoints", 1, model, {"t": torch.zeros(1)}, {})
     finally:
         os.umask(previous)
     for path in (tmp_path / "run.json", tmp_path / "model.safetensors",
-                 step / "trainer_state.json", step / "model.safetensors"):
+                 step / "trainer_state.json", step / "trainer_state.safetensors",
+                 step / "model.safetensors"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
     assert stat.S_IMODE(step.stat().st_mode) == 0o755

@@ -210,6 +210,7 @@ def _write_checkpoint(directory: Path, final: Path, model: nn.Module,
         files = {"model.safetensors": save_weights(model, tmp / "model.safetensors")}
         save_file({key: value.detach().cpu().contiguous() for key, value in tensors.items()},
                   str(tmp / "trainer_state.safetensors"))
+        usual_permissions(tmp / "trainer_state.safetensors")  # safetensors makes it 0600
         _fsync_file(tmp / "trainer_state.safetensors")
         files["trainer_state.safetensors"] = sha256_file(tmp / "trainer_state.safetensors")
         atomic_write_json(tmp / "trainer_state.json", {**meta, "sha256": files})
