@@ -126,7 +126,10 @@ def twins(config: TransformerConfig, *, init: str, seed: int, directory: Path):
     if parameter_count(ours) != parameter_count(marian):
         raise ValueError(f"trainable parameters differ: aiayn {parameter_count(ours)}, Marian "
                          f"{parameter_count(marian)}")
-    check = from_transformers(marian).config.replace(output_bias=False, init_std=config.init_std)
+    # the architecture only: Marian's bias and pad row train differently (fixed / no lookups)
+    check = from_transformers(marian).config.replace(
+        output_bias=False, output_bias_buffer=False, init_std=config.init_std,
+        embedding_padding_idx=config.embedding_padding_idx)
     differing = {k for k, v in check.to_dict().items() if config.to_dict()[k] != v}
     if differing:
         raise ValueError(f"Marian's config does not round-trip to the aiayn config: {differing}")
