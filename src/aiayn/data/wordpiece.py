@@ -152,7 +152,7 @@ class WordPieceTokenizer:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as error:  # tokenizers raises its own Exception type
             raise ValueError(f"{path}: not a tokenizer file ({error})") from None
-        return cls(tokenizer, source=str(path), **_directory_settings(path.parent))
+        return cls(tokenizer, source=str(path), **_directory_settings(path.parent, tokenizer))
 
     @classmethod
     def from_pretrained_dir(cls, directory: str | Path) -> "WordPieceTokenizer":
@@ -176,8 +176,8 @@ class WordPieceTokenizer:
             raise FileNotFoundError(f"{directory} has no {TOKENIZER_FILE} or vocab.txt")
         from aiayn.interop.hf_tokenizer import bert_vocab_tokenizer
 
-        return cls(bert_vocab_tokenizer(directory), source=str(vocab),
-                   **_directory_settings(directory))
+        tokenizer = bert_vocab_tokenizer(directory)
+        return cls(tokenizer, source=str(vocab), **_directory_settings(directory, tokenizer))
 
     def save(self, path: str | Path) -> None:
         """Write the tokenizer as ``tokenizer.json`` (atomically), special tokens other than
@@ -221,12 +221,11 @@ class WordPieceTokenizer:
         return clean_up_tokenization(text) if self.clean_up else text
 
 
-def _directory_settings(directory: Path) -> dict[str, Any]:
-    """The special tokens a directory names and its ``clean_up_tokenization_spaces``
-    (``WordPieceTokenizer``'s keyword arguments)."""
-    from aiayn.interop.hf_tokenizer import read_json_object, special_tokens
+def _directory_settings(directory: Path, tokenizer: Any) -> dict[str, Any]:
+    """The special tokens a directory names and whether its ``tokenizer_config.json`` cleans up
+    ``tokenizer``'s decoded text (``WordPieceTokenizer``'s keyword arguments)."""
+    from aiayn.interop.hf_tokenizer import cleans_up, read_json_object, special_tokens
 
     named = special_tokens(directory)
-    settings = read_json_object(directory / SETTINGS_FILE)
     return {"special_tokens": {role: named[role] for role in ROLES if role in named},
-            "clean_up": bool(settings.get("clean_up_tokenization_spaces", False))}
+            "clean_up": cleans_up(read_json_object(directory / SETTINGS_FILE), tokenizer)}

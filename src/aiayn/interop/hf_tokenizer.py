@@ -110,6 +110,15 @@ def bert_vocab_tokenizer(directory: str | Path):
         **{name: specials[name] for name in BERT_SPECIALS})._tokenizer
 
 
+def cleans_up(settings: dict[str, Any], tokenizer) -> bool:
+    """Whether decoding removes the spaces before punctuation: ``tokenizer_config.json`` asks
+    for it, and the model is not BPE (transformers 5 leaves a BPE model's text as decoded, whose
+    spaces are real) unless the config forces it."""
+    return bool(settings.get("clean_up_tokenization_spaces", False)) and (
+        type(tokenizer.model).__name__ != "BPE" or bool(settings.get(
+            "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
+
+
 def clean_up_tokenization(text: str) -> str:
     """``transformers``' ``clean_up_tokenization``: no space before punctuation and contractions."""
     for old, new in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
@@ -244,8 +253,4 @@ def load_tokenizer(path: str | Path):
         raise FileNotFoundError(f"{directory}: no tokenizer found (looked for tokenizer.json, "
                                 f"vocab.txt, Marian's source.spm and M2M100's "
                                 f"sentencepiece.bpe.model + vocab.json)")
-    # transformers 5 leaves a BPE model's text as decoded: the clean-up would strip real spaces
-    clean_up = bool(settings.get("clean_up_tokenization_spaces", False)) and (
-        type(tokenizer.model).__name__ != "BPE" or bool(settings.get(
-            "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
-    return PretrainedTokenizer(tokenizer, specials, clean_up=clean_up)
+    return PretrainedTokenizer(tokenizer, specials, clean_up=cleans_up(settings, tokenizer))
