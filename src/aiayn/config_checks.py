@@ -38,15 +38,15 @@ def validate(config: TransformerConfig) -> None:
                  "num_labels", "attention_window", "attention_stride", "attention_chunk_size",
                  "image_size", "patch_size", "num_channels"):
         value = getattr(config, name)
-        if not _is_count(value):
+        if not is_count(value):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     count = config.attention_stride_count
-    if count is not None and not _is_count(count):
+    if count is not None and not is_count(count):
         raise ValueError(f"attention_stride_count must be a positive integer or None, "
                          f"got {count!r}")
     for name in ("n_encoder_layers", "n_decoder_layers", "type_vocab_size", "position_offset"):
         value = getattr(config, name)
-        if not _is_count(value, zero=True):
+        if not is_count(value, zero=True):
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     if config.image_size % config.patch_size:
         raise ValueError(f"patch_size ({config.patch_size}) must divide image_size "
@@ -57,7 +57,7 @@ def validate(config: TransformerConfig) -> None:
             f"d_head")
     for name in ("dropout", "attention_dropout", "activation_dropout"):
         value = getattr(config, name)
-        if not _is_number(value) or not 0.0 <= value < 1.0:
+        if not is_number(value) or not 0.0 <= value < 1.0:
             raise ValueError(f"{name} must be in [0, 1), got {value!r}")
     if config.init_std is not None and not _is_positive(config.init_std):
         raise ValueError(f"init_std must be positive or None, got {config.init_std!r}")
@@ -102,7 +102,7 @@ def _check_modern(config: TransformerConfig) -> None:
     _check_choice("norm", config.norm, NORMS)
     for name in ("n_kv_heads", "d_head"):
         value = getattr(config, name)
-        if value is not None and not _is_count(value):
+        if value is not None and not is_count(value):
             raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
     if config.n_kv_heads is not None and config.n_heads % config.n_kv_heads:
         raise ValueError(f"n_kv_heads ({config.n_kv_heads}) must divide n_heads "
@@ -114,7 +114,7 @@ def _check_modern(config: TransformerConfig) -> None:
     if not _is_positive(config.rope_theta):
         raise ValueError(f"rope_theta must be positive, got {config.rope_theta!r}")
     window, layers = config.sliding_window, config.sliding_window_layers
-    if window is not None and not _is_count(window):
+    if window is not None and not is_count(window):
         raise ValueError(f"sliding_window must be a positive integer or None, got {window!r}")
     if window is not None and config.attention in ("sparse", "linear"):
         raise ValueError(f"sliding_window masks each query's keys, which attention="
@@ -148,7 +148,7 @@ def _check_modern(config: TransformerConfig) -> None:
             raise ValueError("sliding_window_layers=[] names no layer, so the sliding_window "
                              "would apply nowhere: set sliding_window=None instead")
         n = max(config.n_encoder_layers, config.n_decoder_layers)
-        if not isinstance(layers, list) or not all(_is_count(i, zero=True) and i < n
+        if not isinstance(layers, list) or not all(is_count(i, zero=True) and i < n
                                                    for i in layers):
             raise ValueError(f"sliding_window_layers must be a list of layer indices in "
                              f"[0, {n}) (of the encoder or decoder), got {layers!r}")
@@ -180,7 +180,7 @@ def _check_t5(config: TransformerConfig) -> None:
     buckets, distance = config.relative_attention_buckets, config.relative_attention_max_distance
     for name, value in (("relative_attention_buckets", buckets),
                         ("relative_attention_max_distance", distance)):
-        if not _is_count(value, zero=True):
+        if not is_count(value, zero=True):
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     if not buckets:
         if distance != _default(config, "relative_attention_max_distance"):
@@ -214,24 +214,26 @@ def _check_attention_scale(config: TransformerConfig) -> None:
                          f"no softmax scale); leave the score scale at its default")
 
 
-def _is_count(value: object, *, zero: bool = False) -> bool:
+def _default(config: TransformerConfig, name: str) -> object:
+    return type(config).__dataclass_fields__[name].default
+
+
+# The type checks every check of a config or an option shares: a bool is not a number here (True
+# would silently mean 1)
+def is_count(value: object, *, zero: bool = False) -> bool:
     """An int (not a bool) above 0, or at least 0 with ``zero``."""
     return (isinstance(value, int) and not isinstance(value, bool)
             and (value >= 0 if zero else value > 0))
 
 
-def _default(config: TransformerConfig, name: str) -> object:
-    return type(config).__dataclass_fields__[name].default
-
-
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> bool:
     """An int or a float, not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _is_positive(value: object) -> bool:
     """A number (not a bool) above 0."""
-    return _is_number(value) and value > 0
+    return is_number(value) and value > 0
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

@@ -115,15 +115,14 @@ def kind_of(path: Path, trained: Collection[str]) -> str:
     naming a source, target or split column). A file without either header is the run's one kind;
     for a run trained on both it is an error (a headerless ``text<TAB>label`` file reads like a
     pair of sentences)."""
-    from aiayn.data.parallel import SOURCE_NAMES, TARGET_NAMES
+    from aiayn.data.parallel import is_pair_header
     from aiayn.data.text_files import read_lines
 
     for _, line in read_lines(path):
-        names = {name.strip().lower() for name in line.split("\t")}
-        if {"text", "label"} <= names:
+        names = [name.strip().lower() for name in line.split("\t")]
+        if {"text", "label"} <= set(names):
             return "classification"
-        if names & {*SOURCE_NAMES, *TARGET_NAMES, "split"} and \
-                not any(len(name.split()) > 1 for name in names):
+        if is_pair_header(names):
             return "translation"
         if len(trained) == 1:
             return next(iter(trained))

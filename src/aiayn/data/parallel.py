@@ -28,6 +28,13 @@ class SentencePair:
     origin: str = ""  # "file:line", for messages
 
 
+def is_pair_header(names: Sequence[str]) -> bool:
+    """Whether a first line's fields (stripped, lower-cased) name a parallel TSV's columns: a
+    source, target or split column, and no field with a space (that is a sentence)."""
+    return any(name in SOURCE_NAMES + TARGET_NAMES + ("split",) for name in names) \
+        and not any(len(name.split()) > 1 for name in names)
+
+
 def read_tsv(path: str | Path) -> list[SentencePair]:
     """Sentence pairs of a TSV file.
 
@@ -51,8 +58,7 @@ def read_tsv(path: str | Path) -> list[SentencePair]:
         if number == 1:
             saw_line = True
             names = [name.strip().lower() for name in line.split("\t")]
-            if any(name in SOURCE_NAMES + TARGET_NAMES + ("split",) for name in names) \
-                    and not any(len(name.split()) > 1 for name in names):
+            if is_pair_header(names):
                 source_col = next((names.index(n) for n in SOURCE_NAMES if n in names), 0)
                 target_col = next((names.index(n) for n in TARGET_NAMES if n in names), 1)
                 split_col = names.index("split") if "split" in names else None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from aiayn.config_checks import is_count, is_number
 from aiayn.decoding.greedy import (DecoderStep, Hypothesis, blocked_tokens, check_encoder_decoder,
                                    cross_attention_mask, decoder_step, first_tokens, output_limits)
 
@@ -32,11 +33,11 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
 def check_beam_options(beam_size: int, alpha: float, vocab_size: int) -> None:
     """Raise ValueError unless K is a positive integer with 2K candidates in the vocabulary and
     alpha a non-negative number (a bool is neither: True would silently mean 1)."""
-    if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
+    if not is_count(beam_size):
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     if 2 * beam_size > vocab_size:
         raise ValueError(f"beam_size {beam_size} is too large for a vocabulary of {vocab_size}")
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0:  # NaN too
+    if not is_number(alpha) or not alpha >= 0:  # NaN too
         raise ValueError(f"alpha must be a non-negative number, got {alpha!r}")
 
 

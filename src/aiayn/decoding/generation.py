@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from aiayn.config_checks import is_count, is_number
 from aiayn.decoding.prompts import id_like, prompt_rows
 from aiayn.decoding.sampling import next_tokens, penalise_repeats
 from aiayn.models.modes import evaluating
@@ -91,7 +92,7 @@ class GenerationConfig:
     pad_id: int | None = None
 
     def __post_init__(self) -> None:
-        if not _positive_int(self.max_new_tokens):
+        if not is_count(self.max_new_tokens):
             raise ValueError(f"max_new_tokens must be a positive integer, got "
                              f"{self.max_new_tokens!r}")
         stop_ids = (self.stop_ids,) if id_like(self.stop_ids) else self.stop_ids  # one id
@@ -102,20 +103,20 @@ class GenerationConfig:
         if not all(id_like(t) for t in stop_ids):
             raise ValueError(f"stop_ids must be integer token ids, got {self.stop_ids!r}")
         object.__setattr__(self, "stop_ids", stop_ids)
-        if not _number(self.temperature) or not self.temperature >= 0:  # NaN too
+        if not is_number(self.temperature) or not self.temperature >= 0:  # NaN too
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-        if self.top_k is not None and not _positive_int(self.top_k):
+        if self.top_k is not None and not is_count(self.top_k):
             raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
-        if self.top_p is not None and not (_number(self.top_p) and 0.0 < self.top_p <= 1.0):
+        if self.top_p is not None and not (is_number(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
-        if self.min_p is not None and not (_number(self.min_p) and 0.0 <= self.min_p <= 1.0):
+        if self.min_p is not None and not (is_number(self.min_p) and 0.0 <= self.min_p <= 1.0):
             raise ValueError(f"min_p must be in [0, 1] or None, got {self.min_p!r}")
-        if not (_number(self.repetition_penalty) and self.repetition_penalty > 0):
+        if not (is_number(self.repetition_penalty) and self.repetition_penalty > 0):
             raise ValueError(f"repetition_penalty must be > 0 (1 = off), got "
                              f"{self.repetition_penalty!r}")
-        if not _positive_int(self.check_every):
+        if not is_count(self.check_every):
             raise ValueError(f"check_every must be a positive integer, got {self.check_every!r}")
-        if self.context is not None and not (_positive_int(self.context) and self.context > 1):
+        if self.context is not None and not (is_count(self.context) and self.context > 1):
             raise ValueError(f"context must be an integer >= 2 or None, got {self.context!r}")
 
     @property
@@ -130,15 +131,6 @@ class GenerationConfig:
             raise TypeError(f"unknown generation option(s): {', '.join(unknown)}; choose from "
                             f"{sorted(known)}")
         return dataclasses.replace(self, **changes)
-
-
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _number(value: object) -> bool:
-    """An int or a float, not a bool (True would silently mean 1)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass

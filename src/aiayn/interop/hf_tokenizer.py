@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from aiayn.data.wordpiece import BERT_SPECIAL_TOKENS
+
 # Every file a tokenizer may be made of; ``copy_tokenizer_files`` carries them into a run directory,
 # with the checkpoint's generation settings (a run fine-tuned from it generates as it did).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
@@ -86,11 +88,6 @@ class PretrainedTokenizer:
         return clean_up_tokenization(text) if self.clean_up else text
 
 
-# BERT's special tokens, where a vocab.txt directory names none
-BERT_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
-                 "sep_token": "[SEP]", "mask_token": "[MASK]"}
-
-
 def bert_vocab_tokenizer(directory: str | Path):
     """The ``tokenizers.Tokenizer`` of a BERT directory with ``vocab.txt`` and no
     ``tokenizer.json``, as ``transformers``' ``BertTokenizerFast`` builds it: its
@@ -101,13 +98,13 @@ def bert_vocab_tokenizer(directory: str | Path):
 
     directory = Path(directory)
     settings = read_json_object(directory / "tokenizer_config.json")
-    specials = {**BERT_SPECIALS, **special_tokens(directory)}
+    specials = {**BERT_SPECIAL_TOKENS, **special_tokens(directory)}
     accents = settings.get("strip_accents")
     return BertWordPieceTokenizer(
         str(directory / "vocab.txt"), lowercase=bool(settings.get("do_lower_case", True)),
         strip_accents=None if accents is None else bool(accents),
         handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
-        **{name: specials[name] for name in BERT_SPECIALS})._tokenizer
+        **{name: specials[name] for name in BERT_SPECIAL_TOKENS})._tokenizer
 
 
 def cleans_up(settings: dict[str, Any], tokenizer) -> bool:
@@ -238,7 +235,7 @@ def load_tokenizer(path: str | Path):
         except Exception as error:  # tokenizers raises a bare Exception for malformed files
             raise ValueError(f"{tokenizer_file}: not a readable tokenizer ({error})") from None
     elif vocab_file.is_file():
-        for name, default in BERT_SPECIALS.items():
+        for name, default in BERT_SPECIAL_TOKENS.items():
             specials.setdefault(name, default)
         tokenizer = bert_vocab_tokenizer(directory)
     elif (directory / "source.spm").is_file():
